@@ -1,0 +1,255 @@
+//! A checkpoint folder: `model.safetensors.index.json` + shards, or a single `model.safetensors`.
+//! Opening it parses every shard header once; reading a tensor is one `pread` of its byte range
+//! from a file handle kept open for the life of the checkpoint.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use crate::safetensors::{parse_header, TensorInfo};
+use crate::{DType, FormatError, Result};
+
+#[derive(Clone, Debug)]
+pub struct TensorEntry {
+    pub shard: usize,
+    pub info: TensorInfo,
+}
+
+struct Shard {
+    path: PathBuf,
+    file: File,
+}
+
+pub struct Checkpoint {
+    dir: PathBuf,
+    shards: Vec<Shard>,
+    tensors: HashMap<String, TensorEntry>,
+}
+
+impl std::fmt::Debug for Checkpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Checkpoint")
+            .field("dir", &self.dir)
+            .field("shards", &self.shards.len())
+            .field("tensors", &self.tensors.len())
+            .finish()
+    }
+}
+
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
+pub const SINGLE_FILE: &str = "model.safetensors";
+
+impl Checkpoint {
+    pub fn open(dir: &Path) -> Result<Checkpoint> {
+        let index_path = dir.join(INDEX_FILE);
+        let single_path = dir.join(SINGLE_FILE);
+        let (shard_names, weight_map) = if index_path.exists() {
+            let (names, map) = read_index(&index_path)?;
+            (names, Some(map))
+        } else if single_path.exists() {
+            (vec![SINGLE_FILE.to_string()], None)
+        } else {
+            return Err(FormatError::BadCheckpoint {
+                dir: dir.to_path_buf(),
+                reason: format!(
+                    "no {INDEX_FILE} and no {SINGLE_FILE}: not a safetensors checkpoint"
+                ),
+            });
+        };
+
+        let mut shards = Vec::with_capacity(shard_names.len());
+        let mut tensors = HashMap::new();
+        for (shard_idx, name) in shard_names.iter().enumerate() {
+            let path = dir.join(name);
+            if !path.exists() {
+                return Err(FormatError::BadCheckpoint {
+                    dir: dir.to_path_buf(),
+                    reason: format!("shard `{name}` named by {INDEX_FILE} is missing"),
+                });
+            }
+            let header = parse_header(&path)?;
+            for info in header.tensors {
+                if let Some(map) = &weight_map {
+                    match map.get(&info.name) {
+                        Some(owner) if owner == name => {}
+                        // A tensor the index attributes to another shard (or not at all) is ignored,
+                        // as loaders of the index do; the index is the source of truth.
+                        _ => continue,
+                    }
+                }
+                let name = info.name.clone();
+                tensors.insert(
+                    name,
+                    TensorEntry {
+                        shard: shard_idx,
+                        info,
+                    },
+                );
+            }
+            let file = File::open(&path).map_err(|e| FormatError::io(&path, e))?;
+            shards.push(Shard { path, file });
+        }
+        if let Some(map) = &weight_map {
+            let mut missing: Vec<_> = map
+                .iter()
+                .filter(|(t, _)| !tensors.contains_key(*t))
+                .collect();
+            missing.sort();
+            if let Some((tensor, shard)) = missing.first() {
+                return Err(FormatError::BadTensor {
+                    path: dir.join(shard),
+                    tensor: tensor.to_string(),
+                    reason: format!(
+                        "{INDEX_FILE} places it in this shard but the shard's header does not list it ({} such tensors)",
+                        missing.len()
+                    ),
+                });
+            }
+        }
+        Ok(Checkpoint {
+            dir: dir.to_path_buf(),
+            shards,
+            tensors,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    pub fn entry(&self, name: &str) -> Result<&TensorEntry> {
+        self.tensors
+            .get(name)
+            .ok_or_else(|| FormatError::MissingTensor {
+                dir: self.dir.clone(),
+                tensor: name.to_string(),
+            })
+    }
+
+    pub fn shard_path(&self, shard: usize) -> &Path {
+        &self.shards[shard].path
+    }
+
+    pub fn tensor_names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(|s| s.as_str())
+    }
+
+    pub fn entries(&self) -> impl Iterator<Item = &TensorEntry> {
+        self.tensors.values()
+    }
+
+    /// Reads a tensor's raw bytes with one positioned read.
+    pub fn read_bytes(&self, name: &str) -> Result<Vec<u8>> {
+        let entry = self.entry(name)?;
+        let shard = &self.shards[entry.shard];
+        let mut buf = vec![0u8; entry.info.len as usize];
+        shard
+            .file
+            .read_exact_at(&mut buf, entry.info.offset)
+            .map_err(|e| FormatError::BadTensor {
+                path: shard.path.clone(),
+                tensor: name.to_string(),
+                reason: format!(
+                    "reading {} bytes at offset {} failed: {e} (was the file truncated or replaced?)",
+                    entry.info.len, entry.info.offset
+                ),
+            })?;
+        Ok(buf)
+    }
+
+    /// Checks a tensor's shape (and optionally dtype) before it is used.
+    pub fn expect(&self, name: &str, shape: &[usize], dtypes: &[DType]) -> Result<&TensorEntry> {
+        let entry = self.entry(name)?;
+        let path = &self.shards[entry.shard].path;
+        if entry.info.shape != shape {
+            return Err(FormatError::BadTensor {
+                path: path.clone(),
+                tensor: name.to_string(),
+                reason: format!(
+                    "shape {:?} does not match {shape:?} expected from config.json",
+                    entry.info.shape
+                ),
+            });
+        }
+        if !dtypes.is_empty() && !dtypes.contains(&entry.info.dtype) {
+            let names: Vec<_> = dtypes.iter().map(|d| d.name()).collect();
+            return Err(FormatError::BadTensor {
+                path: path.clone(),
+                tensor: name.to_string(),
+                reason: format!(
+                    "dtype {} is not supported here (expected one of {names:?})",
+                    entry.info.dtype
+                ),
+            });
+        }
+        Ok(entry)
+    }
+
+    /// Reads a floating-point tensor of the expected shape as f32 (BF16/F16/F32 on disk).
+    pub fn read_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let entry = self.expect(name, shape, &[DType::BF16, DType::F16, DType::F32])?;
+        let dtype = entry.info.dtype;
+        let bytes = self.read_bytes(name)?;
+        Ok(bytes_to_f32(&bytes, dtype))
+    }
+}
+
+/// Converts little-endian BF16/F16/F32 bytes to f32 (exactly: all three widen losslessly).
+pub fn bytes_to_f32(bytes: &[u8], dtype: DType) -> Vec<f32> {
+    match dtype {
+        DType::F32 => bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        DType::BF16 => bytes
+            .chunks_exact(2)
+            .map(|b| half::bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32())
+            .collect(),
+        DType::F16 => bytes
+            .chunks_exact(2)
+            .map(|b| half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32())
+            .collect(),
+        other => panic!("bytes_to_f32 called on {other}"),
+    }
+}
+
+fn read_index(path: &Path) -> Result<(Vec<String>, HashMap<String, String>)> {
+    let text = std::fs::read_to_string(path).map_err(|e| FormatError::io(path, e))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| FormatError::BadJson {
+            path: path.to_path_buf(),
+            reason: format!("not valid JSON: {e}"),
+        })?;
+    let map = value
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| FormatError::BadKey {
+            path: path.to_path_buf(),
+            key: "weight_map".into(),
+            reason: "missing or not an object".into(),
+        })?;
+    let mut weight_map = HashMap::with_capacity(map.len());
+    let mut shards = BTreeSet::new();
+    for (tensor, shard) in map {
+        let shard = shard.as_str().ok_or_else(|| FormatError::BadKey {
+            path: path.to_path_buf(),
+            key: format!("weight_map.{tensor}"),
+            reason: "shard name must be a string".into(),
+        })?;
+        if shard.contains('/') || shard.contains("..") {
+            return Err(FormatError::BadKey {
+                path: path.to_path_buf(),
+                key: format!("weight_map.{tensor}"),
+                reason: format!("shard name `{shard}` must be a plain file name"),
+            });
+        }
+        shards.insert(shard.to_string());
+        weight_map.insert(tensor.clone(), shard.to_string());
+    }
+    Ok((shards.into_iter().collect(), weight_map))
+}

@@ -1,0 +1,71 @@
+//! Element types as safetensors names them.
+
+use std::fmt;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    F64,
+    F32,
+    F16,
+    BF16,
+    F8E4M3,
+    F8E5M2,
+    I64,
+    I32,
+    I16,
+    I8,
+    U8,
+    Bool,
+}
+
+impl DType {
+    pub fn from_safetensors(name: &str) -> Option<DType> {
+        Some(match name {
+            "F64" => DType::F64,
+            "F32" => DType::F32,
+            "F16" => DType::F16,
+            "BF16" => DType::BF16,
+            "F8_E4M3" => DType::F8E4M3,
+            "F8_E5M2" => DType::F8E5M2,
+            "I64" => DType::I64,
+            "I32" => DType::I32,
+            "I16" => DType::I16,
+            "I8" => DType::I8,
+            "U8" => DType::U8,
+            "BOOL" => DType::Bool,
+            _ => return None,
+        })
+    }
+
+    pub fn size(self) -> usize {
+        match self {
+            DType::F64 | DType::I64 => 8,
+            DType::F32 | DType::I32 => 4,
+            DType::F16 | DType::BF16 | DType::I16 => 2,
+            DType::F8E4M3 | DType::F8E5M2 | DType::I8 | DType::U8 | DType::Bool => 1,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F64 => "F64",
+            DType::F32 => "F32",
+            DType::F16 => "F16",
+            DType::BF16 => "BF16",
+            DType::F8E4M3 => "F8_E4M3",
+            DType::F8E5M2 => "F8_E5M2",
+            DType::I64 => "I64",
+            DType::I32 => "I32",
+            DType::I16 => "I16",
+            DType::I8 => "I8",
+            DType::U8 => "U8",
+            DType::Bool => "BOOL",
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}

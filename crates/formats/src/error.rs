@@ -1,0 +1,42 @@
+//! The one error type of the formats crate: every variant names the file (and tensor or key) at fault.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum FormatError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: not a valid safetensors file: {reason}")]
+    BadSafetensors { path: PathBuf, reason: String },
+    #[error("{path}: tensor `{tensor}`: {reason}")]
+    BadTensor {
+        path: PathBuf,
+        tensor: String,
+        reason: String,
+    },
+    #[error("{path}: {reason}")]
+    BadJson { path: PathBuf, reason: String },
+    #[error("{path}: key `{key}`: {reason}")]
+    BadKey {
+        path: PathBuf,
+        key: String,
+        reason: String,
+    },
+    #[error("{dir}: tensor `{tensor}` not found in the checkpoint")]
+    MissingTensor { dir: PathBuf, tensor: String },
+    #[error("{dir}: {reason}")]
+    BadCheckpoint { dir: PathBuf, reason: String },
+}
+
+impl FormatError {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        FormatError::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! Bytes on disk -> a tensor index: where each tensor of a checkpoint lives (file, byte range), its
+//! dtype and shape; plus the Hugging Face config files. No compute and no threads live here: reading
+//! a tensor is one positioned read (`pread`) of its byte range, never a mapping of the whole file,
+//! because the expert store reads experts one by one.
+
+mod checkpoint;
+mod config;
+mod dtype;
+mod error;
+mod safetensors;
+
+pub use checkpoint::{bytes_to_f32, Checkpoint, TensorEntry, INDEX_FILE, SINGLE_FILE};
+pub use config::{GenerationConfig, JsonConfig};
+pub use dtype::DType;
+pub use error::FormatError;
+pub use safetensors::{parse_header, ShardHeader, TensorInfo};
+
+pub type Result<T, E = FormatError> = std::result::Result<T, E>;

@@ -1,0 +1,16 @@
+//! The only crate with `unsafe` and SIMD. Weight storage formats ([`Linear`] and its
+//! [`WeightData`]) and the kernels that compute directly on them: every op has a scalar reference
+//! twin in the same module, and SIMD variants are chosen at run time (`is_x86_feature_detected!`).
+//!
+//! Matrix products are batch invariant: each output element is one dot product computed by the
+//! same kernel whatever the number of tokens, so a sequence's logits never depend on its batch.
+
+pub mod dot;
+mod linear;
+
+pub use linear::{Linear, WeightData};
+
+/// Number of threads the kernels may use (rayon's global pool, sized to the machine).
+pub fn threads() -> usize {
+    rayon::current_num_threads()
+}

@@ -1,0 +1,28 @@
+//! Model errors: bad config, bad tensors, expert store failures. Each names what is at fault.
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Format(#[from] strata_formats::FormatError),
+    #[error(
+        "{path}: unknown architecture {arch:?} (model_type {model_type:?}); supported: {supported}"
+    )]
+    UnknownArchitecture {
+        path: String,
+        arch: Option<String>,
+        model_type: Option<String>,
+        supported: String,
+    },
+    #[error("{path}: {reason}")]
+    BadConfig { path: String, reason: String },
+    #[error("layer {layer}: expert store failed: {source}")]
+    Experts {
+        layer: usize,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("token id {id} is out of range for a vocabulary of {vocab}")]
+    TokenOutOfRange { id: u32, vocab: usize },
+    #[error("sequence would reach {positions} positions, past the model's context of {max}")]
+    ContextOverflow { positions: usize, max: usize },
+}

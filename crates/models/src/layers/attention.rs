@@ -1,0 +1,151 @@
+//! Grouped-query attention with rotary embeddings (Qwen3-MoE: with per-head q/k RMSNorm; Mixtral:
+//! without). Keys and values are appended to the sequence's cache, then each new token attends to
+//! every cached position up to its own.
+
+use std::ops::Range;
+
+use strata_kernels::Linear;
+
+use super::math::{dot, rms_norm, softmax};
+use super::rope::Rope;
+use crate::LayerCache;
+
+/// The rows of one sequence inside a step's (T, D) activations, and its cache for this layer.
+pub struct SeqView<'a> {
+    pub rows: Range<usize>,
+    /// Position of the first new row (= positions cached before this step).
+    pub start_pos: usize,
+    pub cache: &'a mut LayerCache,
+}
+
+pub struct GqaAttention {
+    /// (H*Dh, D)
+    pub q: Linear,
+    /// (Hkv*Dh, D)
+    pub k: Linear,
+    /// (Hkv*Dh, D)
+    pub v: Linear,
+    /// (D, H*Dh)
+    pub o: Linear,
+    /// (Dh,) RMSNorm applied to each head of q and k before the rotation (Qwen3).
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub rope: Rope,
+    pub eps: f32,
+}
+
+impl GqaAttention {
+    pub fn cache_dims(&self) -> (usize, usize) {
+        (
+            self.n_kv_heads * self.head_dim,
+            self.n_kv_heads * self.head_dim,
+        )
+    }
+
+    /// x (T, D) normed -> (T, D)
+    pub fn forward(&self, x: &[f32], n_tokens: usize, seqs: &mut [SeqView<'_>]) -> Vec<f32> {
+        let (h, hkv, dh) = (self.n_heads, self.n_kv_heads, self.head_dim);
+        let mut q = vec![0f32; n_tokens * h * dh]; // (T, H*Dh)
+        let mut k = vec![0f32; n_tokens * hkv * dh]; // (T, Hkv*Dh)
+        let mut v = vec![0f32; n_tokens * hkv * dh]; // (T, Hkv*Dh)
+        self.q.matmul(x, n_tokens, &mut q);
+        self.k.matmul(x, n_tokens, &mut k);
+        self.v.matmul(x, n_tokens, &mut v);
+        if let Some(w) = &self.q_norm {
+            rms_norm(&mut q, w, self.eps);
+        }
+        if let Some(w) = &self.k_norm {
+            rms_norm(&mut k, w, self.eps);
+        }
+
+        let scale = 1.0 / (dh as f32).sqrt();
+        let group = h / hkv;
+        let mut out = vec![0f32; n_tokens * h * dh]; // (T, H*Dh)
+        for seq in seqs.iter_mut() {
+            for (i, t) in seq.rows.clone().enumerate() {
+                let (cos, sin) = self.rope.cos_sin(seq.start_pos + i);
+                self.rope
+                    .apply(&mut q[t * h * dh..(t + 1) * h * dh], dh, 0, &cos, &sin);
+                self.rope
+                    .apply(&mut k[t * hkv * dh..(t + 1) * hkv * dh], dh, 0, &cos, &sin);
+                seq.cache
+                    .k
+                    .extend_from_slice(&k[t * hkv * dh..(t + 1) * hkv * dh]);
+                seq.cache
+                    .v
+                    .extend_from_slice(&v[t * hkv * dh..(t + 1) * hkv * dh]);
+            }
+            let kv_width = hkv * dh;
+            for (i, t) in seq.rows.clone().enumerate() {
+                let n_pos = seq.start_pos + i + 1; // causal: positions 0..=own
+                let mut scores = vec![0f32; n_pos];
+                for head in 0..h {
+                    let kvh = head / group;
+                    let qh = &q[t * h * dh + head * dh..t * h * dh + (head + 1) * dh];
+                    for (p, s) in scores.iter_mut().enumerate() {
+                        let kp =
+                            &seq.cache.k[p * kv_width + kvh * dh..p * kv_width + (kvh + 1) * dh];
+                        *s = dot(qh, kp) * scale;
+                    }
+                    softmax(&mut scores);
+                    let oh = &mut out[t * h * dh + head * dh..t * h * dh + (head + 1) * dh];
+                    for (p, a) in scores.iter().enumerate() {
+                        let vp =
+                            &seq.cache.v[p * kv_width + kvh * dh..p * kv_width + (kvh + 1) * dh];
+                        for (o, v) in oh.iter_mut().zip(vp) {
+                            *o += a * v;
+                        }
+                    }
+                }
+            }
+        }
+        let mut y = vec![0f32; n_tokens * self.o.out_dim];
+        self.o.matmul(&out, n_tokens, &mut y);
+        y
+    }
+}
+
+impl GqaAttention {
+    /// Loads `{base}.{q,k,v,o}_proj` (and `{q,k}_norm` when `qk_norm`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn load(
+        ckpt: &strata_formats::Checkpoint,
+        base: &str,
+        hidden: usize,
+        n_heads: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        qk_norm: bool,
+        rope: Rope,
+        eps: f32,
+    ) -> crate::Result<GqaAttention> {
+        use crate::weights::{load_linear, load_vector};
+        let norm = |n: &str| load_vector(ckpt, &format!("{base}.{n}.weight"), head_dim);
+        Ok(GqaAttention {
+            q: load_linear(ckpt, &format!("{base}.q_proj"), n_heads * head_dim, hidden)?,
+            k: load_linear(
+                ckpt,
+                &format!("{base}.k_proj"),
+                n_kv_heads * head_dim,
+                hidden,
+            )?,
+            v: load_linear(
+                ckpt,
+                &format!("{base}.v_proj"),
+                n_kv_heads * head_dim,
+                hidden,
+            )?,
+            o: load_linear(ckpt, &format!("{base}.o_proj"), hidden, n_heads * head_dim)?,
+            q_norm: if qk_norm { Some(norm("q_norm")?) } else { None },
+            k_norm: if qk_norm { Some(norm("k_norm")?) } else { None },
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            rope,
+            eps,
+        })
+    }
+}

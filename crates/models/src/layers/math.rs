@@ -1,0 +1,60 @@
+//! Elementwise math in f32, computed the way the reference computes it.
+
+/// RMSNorm of each row of `x` (rows of `w.len()`): `w * x / sqrt(mean(x^2) + eps)`.
+pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
+    let d = w.len();
+    debug_assert_eq!(x.len() % d, 0);
+    for row in x.chunks_exact_mut(d) {
+        let ms = row.iter().map(|v| v * v).sum::<f32>() / d as f32;
+        let inv = 1.0 / (ms + eps).sqrt();
+        for (v, g) in row.iter_mut().zip(w) {
+            *v = g * (*v * inv);
+        }
+    }
+}
+
+/// Same as [`rms_norm`] into a new buffer.
+pub fn rms_normed(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
+    let mut y = x.to_vec();
+    rms_norm(&mut y, w, eps);
+    y
+}
+
+pub fn softmax(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    for v in x.iter_mut() {
+        *v /= sum;
+    }
+}
+
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+#[inline]
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// gate <- silu(gate) * up
+pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    for (g, u) in gate.iter_mut().zip(up) {
+        *g = silu(*g) * u;
+    }
+}
+
+pub fn add_into(acc: &mut [f32], x: &[f32]) {
+    for (a, v) in acc.iter_mut().zip(x) {
+        *a += v;
+    }
+}
+
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    strata_kernels::dot::dot_f32(a, b)
+}

@@ -1,0 +1,156 @@
+//! Multi-head latent attention (DeepSeek-V2/V3, Kimi K2) in its absorbed form.
+//!
+//! q = q_b(rmsnorm(q_a(x))) (or q_proj(x)), each head [q_nope | q_rope].
+//! kv_a(x) = [c_kv | k_rope]; c_kv is RMS-normed, k_rope is one rotary head shared by all heads.
+//! kv_b(c_kv) gives per head [k_nope | v]. Instead of expanding every cached position, the key
+//! projection is absorbed into the query (q_abs = W_uk^T q_nope) and the value projection is
+//! applied once after attention (v = W_uv (sum_p a_p c_p)): the same scores and outputs as the
+//! reference, while the cache holds only [c_kv | k_rope] per position.
+
+use strata_kernels::Linear;
+
+use super::attention::SeqView;
+use super::math::{dot, rms_norm, softmax};
+use super::rope::Rope;
+
+pub enum QueryProj {
+    /// (H*(nope+rope), D)
+    Direct(Linear),
+    /// q_a (q_lora, D), its norm (q_lora,), q_b (H*(nope+rope), q_lora)
+    LowRank {
+        a: Linear,
+        norm: Vec<f32>,
+        b: Linear,
+    },
+}
+
+pub struct MlaAttention {
+    pub q: QueryProj,
+    /// (kv_lora + rope, D)
+    pub kv_a: Linear,
+    /// (kv_lora,)
+    pub kv_a_norm: Vec<f32>,
+    /// Per head: W_uk^T (kv_lora, nope), from kv_b_proj.
+    pub uk_t: Vec<Linear>,
+    /// Per head: W_uv (v, kv_lora), from kv_b_proj.
+    pub uv: Vec<Linear>,
+    /// (D, H*v)
+    pub o: Linear,
+    pub n_heads: usize,
+    pub nope_dim: usize,
+    pub rope_dim: usize,
+    pub v_dim: usize,
+    pub kv_lora: usize,
+    pub softmax_scale: f32,
+    pub rope: Rope,
+    pub eps: f32,
+}
+
+impl MlaAttention {
+    /// Splits kv_b_proj (H*(nope+v), kv_lora) into the per-head absorbed matrices.
+    pub fn split_kv_b(
+        kv_b: &Linear,
+        n_heads: usize,
+        nope: usize,
+        v: usize,
+    ) -> (Vec<Linear>, Vec<Linear>) {
+        let kv_lora = kv_b.in_dim;
+        let w = kv_b.to_f32(); // (H*(nope+v), kv_lora)
+        let mut uk_t = Vec::with_capacity(n_heads);
+        let mut uv = Vec::with_capacity(n_heads);
+        for h in 0..n_heads {
+            let base = h * (nope + v);
+            let mut t = vec![0f32; kv_lora * nope];
+            for r in 0..nope {
+                for c in 0..kv_lora {
+                    t[c * nope + r] = w[(base + r) * kv_lora + c];
+                }
+            }
+            uk_t.push(Linear::from_f32(kv_lora, nope, t));
+            let rows = w[(base + nope) * kv_lora..(base + nope + v) * kv_lora].to_vec();
+            uv.push(Linear::from_f32(v, kv_lora, rows));
+        }
+        (uk_t, uv)
+    }
+
+    pub fn cache_dims(&self) -> (usize, usize) {
+        (self.kv_lora + self.rope_dim, 0)
+    }
+
+    /// x (T, D) normed -> (T, D)
+    pub fn forward(&self, x: &[f32], n_tokens: usize, seqs: &mut [SeqView<'_>]) -> Vec<f32> {
+        let (h, nope, rope_dim, vd, lora) = (
+            self.n_heads,
+            self.nope_dim,
+            self.rope_dim,
+            self.v_dim,
+            self.kv_lora,
+        );
+        let qk = nope + rope_dim;
+        let mut q = vec![0f32; n_tokens * h * qk]; // (T, H*(nope+rope))
+        match &self.q {
+            QueryProj::Direct(w) => w.matmul(x, n_tokens, &mut q),
+            QueryProj::LowRank { a, norm, b } => {
+                let mut qa = vec![0f32; n_tokens * a.out_dim]; // (T, q_lora)
+                a.matmul(x, n_tokens, &mut qa);
+                rms_norm(&mut qa, norm, self.eps);
+                b.matmul(&qa, n_tokens, &mut q);
+            }
+        }
+        let kv_width = lora + rope_dim;
+        let mut kv = vec![0f32; n_tokens * kv_width]; // (T, kv_lora + rope)
+        self.kv_a.matmul(x, n_tokens, &mut kv);
+        for row in kv.chunks_exact_mut(kv_width) {
+            rms_norm(&mut row[..lora], &self.kv_a_norm, self.eps);
+        }
+
+        let mut out = vec![0f32; n_tokens * h * vd]; // (T, H*v)
+        for seq in seqs.iter_mut() {
+            for (i, t) in seq.rows.clone().enumerate() {
+                let (cos, sin) = self.rope.cos_sin(seq.start_pos + i);
+                self.rope
+                    .apply(&mut q[t * h * qk..(t + 1) * h * qk], qk, nope, &cos, &sin);
+                self.rope.apply(
+                    &mut kv[t * kv_width..(t + 1) * kv_width],
+                    kv_width,
+                    lora,
+                    &cos,
+                    &sin,
+                );
+                seq.cache
+                    .k
+                    .extend_from_slice(&kv[t * kv_width..(t + 1) * kv_width]);
+            }
+            for (i, t) in seq.rows.clone().enumerate() {
+                let n_pos = seq.start_pos + i + 1;
+                let mut scores = vec![0f32; n_pos];
+                let mut q_abs = vec![0f32; lora];
+                let mut o_lat = vec![0f32; lora];
+                for head in 0..h {
+                    let qh = &q[t * h * qk + head * qk..t * h * qk + (head + 1) * qk];
+                    self.uk_t[head].matvec(&qh[..nope], &mut q_abs); // (kv_lora,)
+                    for (p, s) in scores.iter_mut().enumerate() {
+                        let key = &seq.cache.k[p * kv_width..(p + 1) * kv_width];
+                        *s = (dot(&q_abs, &key[..lora]) + dot(&qh[nope..], &key[lora..]))
+                            * self.softmax_scale;
+                    }
+                    softmax(&mut scores);
+                    o_lat.iter_mut().for_each(|v| *v = 0.0);
+                    for (p, a) in scores.iter().enumerate() {
+                        let c = &seq.cache.k[p * kv_width..p * kv_width + lora];
+                        for (o, v) in o_lat.iter_mut().zip(c) {
+                            *o += a * v;
+                        }
+                    }
+                    self.uv[head].matvec(
+                        &o_lat,
+                        &mut out[t * h * vd + head * vd..t * h * vd + (head + 1) * vd],
+                    );
+                }
+            }
+        }
+        let mut y = vec![0f32; n_tokens * self.o.out_dim];
+        self.o.matmul(&out, n_tokens, &mut y);
+        y
+    }
+}

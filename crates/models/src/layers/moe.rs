@@ -1,0 +1,247 @@
+//! The MoE layer, in three parts kept apart: routing (the rule is the family's, chosen here by
+//! [`Router`]), fetching the picked experts (the [`ExpertStore`]), and computing them (kernels).
+//!
+//! All tokens of a step are routed first; the union of their experts is asked of the store once,
+//! so an expert read once serves every token (of every sequence) routed to it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use strata_kernels::Linear;
+
+use super::math::{sigmoid, softmax};
+use super::mlp::Mlp;
+use crate::{ExpertStore, ModelError, Result, RoutingRecord};
+
+pub enum RoutingRule {
+    /// Softmax over all experts, top-k, optionally renormalised (Qwen3-MoE, Mixtral).
+    SoftmaxTopK { norm_topk_prob: bool },
+    /// DeepSeek-V3 `noaux_tc`: sigmoid scores, selection on score + correction bias within the
+    /// best groups, weights from the unbiased scores, renormalised, scaled.
+    SigmoidGrouped {
+        correction_bias: Vec<f32>,
+        n_group: usize,
+        topk_group: usize,
+        norm_topk_prob: bool,
+        routed_scaling_factor: f32,
+    },
+}
+
+pub struct Router {
+    /// (E, D)
+    pub weight: Linear,
+    pub top_k: usize,
+    pub rule: RoutingRule,
+}
+
+/// The routing of one token: expert ids sorted ascending and their weights in the same order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Route {
+    pub experts: Vec<usize>,
+    pub weights: Vec<f32>,
+}
+
+/// Indices of the k largest values, largest first; ties go to the lower index.
+fn top_k_indices(values: &[f32], k: usize) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..values.len()).collect();
+    idx.sort_by(|&a, &b| values[b].total_cmp(&values[a]).then(a.cmp(&b)));
+    idx.truncate(k);
+    idx
+}
+
+impl Router {
+    /// logits (E,) -> route
+    pub fn route(&self, logits: &[f32]) -> Route {
+        let k = self.top_k;
+        let (mut picked, mut weights): (Vec<usize>, Vec<f32>) = match &self.rule {
+            RoutingRule::SoftmaxTopK { norm_topk_prob } => {
+                let mut p = logits.to_vec();
+                softmax(&mut p);
+                let idx = top_k_indices(&p, k);
+                let mut w: Vec<f32> = idx.iter().map(|&i| p[i]).collect();
+                if *norm_topk_prob {
+                    let sum: f32 = w.iter().sum();
+                    w.iter_mut().for_each(|v| *v /= sum);
+                }
+                (idx, w)
+            }
+            RoutingRule::SigmoidGrouped {
+                correction_bias,
+                n_group,
+                topk_group,
+                norm_topk_prob,
+                routed_scaling_factor,
+            } => {
+                let s: Vec<f32> = logits.iter().map(|&l| sigmoid(l)).collect();
+                let mut c: Vec<f32> = s.iter().zip(correction_bias).map(|(s, b)| s + b).collect();
+                let group_size = c.len() / n_group;
+                if *n_group > 1 {
+                    // Group score: the sum of its two best biased scores.
+                    let group_scores: Vec<f32> = c
+                        .chunks_exact(group_size)
+                        .map(|g| top_k_indices(g, 2).iter().map(|&i| g[i]).sum())
+                        .collect();
+                    let keep = top_k_indices(&group_scores, *topk_group);
+                    for (g, chunk) in c.chunks_exact_mut(group_size).enumerate() {
+                        if !keep.contains(&g) {
+                            chunk.iter_mut().for_each(|v| *v = f32::NEG_INFINITY);
+                        }
+                    }
+                }
+                let idx = top_k_indices(&c, k);
+                let mut w: Vec<f32> = idx.iter().map(|&i| s[i]).collect();
+                if *norm_topk_prob {
+                    let sum: f32 = w.iter().sum::<f32>() + 1e-20;
+                    w.iter_mut().for_each(|v| *v /= sum);
+                }
+                w.iter_mut().for_each(|v| *v *= routed_scaling_factor);
+                (idx, w)
+            }
+        };
+        // Sort by expert id so the weighted sum runs in the same order whatever the batch.
+        let mut order: Vec<usize> = (0..picked.len()).collect();
+        order.sort_by_key(|&i| picked[i]);
+        picked = order.iter().map(|&i| picked[i]).collect();
+        weights = order.iter().map(|&i| weights[i]).collect();
+        Route {
+            experts: picked,
+            weights,
+        }
+    }
+}
+
+pub struct MoeLayer {
+    /// Decoder layer index (the store's key).
+    pub layer: usize,
+    pub router: Router,
+    /// Shared experts, added unweighted (DeepSeek-V3: one MLP of n_shared x moe_inter).
+    pub shared: Option<Mlp>,
+    pub store: Arc<dyn ExpertStore>,
+}
+
+impl MoeLayer {
+    /// x (T, D) normed -> (T, D)
+    pub fn forward(
+        &self,
+        x: &[f32],
+        n_tokens: usize,
+        record: Option<&mut RoutingRecord>,
+    ) -> Result<Vec<f32>> {
+        let d = self.router.weight.in_dim;
+        let n_experts = self.router.weight.out_dim;
+        let mut logits = vec![0f32; n_tokens * n_experts]; // (T, E)
+        self.router.weight.matmul(x, n_tokens, &mut logits);
+        let routes: Vec<Route> = logits
+            .chunks_exact(n_experts)
+            .map(|l| self.router.route(l))
+            .collect();
+
+        // expert id -> [(token, weight)], ascending by expert id.
+        let mut assigned: BTreeMap<usize, Vec<(usize, f32)>> = BTreeMap::new();
+        for (t, r) in routes.iter().enumerate() {
+            for (&e, &w) in r.experts.iter().zip(&r.weights) {
+                assigned.entry(e).or_default().push((t, w));
+            }
+        }
+        let ids: Vec<usize> = assigned.keys().copied().collect();
+        let experts = self
+            .store
+            .get(self.layer, &ids)
+            .map_err(|source| ModelError::Experts {
+                layer: self.layer,
+                source,
+            })?;
+        if experts.len() != ids.len() {
+            return Err(ModelError::Experts {
+                layer: self.layer,
+                source: format!("asked for {} experts, got {}", ids.len(), experts.len()).into(),
+            });
+        }
+
+        // Per token, contributions are summed in ascending expert order (batch invariant).
+        let mut contributions: Vec<Vec<(usize, Vec<f32>)>> = vec![Vec::new(); n_tokens];
+        for (expert, (&id, tokens)) in experts.iter().zip(&assigned) {
+            let mut xe = Vec::with_capacity(tokens.len() * d); // (n_e, D)
+            for &(t, _) in tokens {
+                xe.extend_from_slice(&x[t * d..(t + 1) * d]);
+            }
+            let ye = expert.forward(&xe, tokens.len()); // (n_e, D)
+            for (i, &(t, w)) in tokens.iter().enumerate() {
+                let y: Vec<f32> = ye[i * d..(i + 1) * d].iter().map(|v| v * w).collect();
+                contributions[t].push((id, y));
+            }
+        }
+        let mut out = vec![0f32; n_tokens * d];
+        for (t, parts) in contributions.iter_mut().enumerate() {
+            parts.sort_by_key(|(id, _)| *id);
+            let row = &mut out[t * d..(t + 1) * d];
+            for (_, y) in parts.iter() {
+                for (o, v) in row.iter_mut().zip(y) {
+                    *o += v;
+                }
+            }
+        }
+        if let Some(shared) = &self.shared {
+            let ys = shared.forward(x, n_tokens);
+            for (o, v) in out.iter_mut().zip(&ys) {
+                *o += v;
+            }
+        }
+        if let Some(rec) = record {
+            rec.layer = self.layer;
+            rec.router_logits = logits.chunks_exact(n_experts).map(|l| l.to_vec()).collect();
+            rec.experts = routes.iter().map(|r| r.experts.clone()).collect();
+            rec.weights = routes.iter().map(|r| r.weights.clone()).collect();
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn router(rule: RoutingRule, n: usize, k: usize) -> Router {
+        Router {
+            weight: Linear::from_f32(n, 1, vec![0.0; n]),
+            top_k: k,
+            rule,
+        }
+    }
+
+    #[test]
+    fn softmax_top_k_renormalises_and_sorts_by_id() {
+        let r = router(
+            RoutingRule::SoftmaxTopK {
+                norm_topk_prob: true,
+            },
+            4,
+            2,
+        );
+        let route = r.route(&[0.0, 3.0, 1.0, 2.0]);
+        assert_eq!(route.experts, vec![1, 3]);
+        let e = 1f32.exp();
+        assert!((route.weights[0] - e / (e + 1.0)).abs() < 1e-6);
+        assert!((route.weights.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn grouped_routing_masks_losing_groups_even_with_negative_bias() {
+        // 2 groups of 2; group 1 wins on biased scores; the best raw score in group 0 is masked.
+        let r = router(
+            RoutingRule::SigmoidGrouped {
+                correction_bias: vec![-1.0, -1.0, 0.0, 0.0],
+                n_group: 2,
+                topk_group: 1,
+                norm_topk_prob: true,
+                routed_scaling_factor: 2.0,
+            },
+            4,
+            2,
+        );
+        let route = r.route(&[5.0, 4.0, 0.0, -1.0]);
+        assert_eq!(route.experts, vec![2, 3]);
+        let (a, b) = (sigmoid(0.0), sigmoid(-1.0));
+        assert!((route.weights[0] - 2.0 * a / (a + b)).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,51 @@
+//! Model families, one file each (`deepseek_v3.rs` also serves Kimi K2; `qwen3_moe.rs`;
+//! `mixtral.rs`), over shared layers in `layers/`. A family reads its config, names its tensors,
+//! builds decoder blocks and routes tokens; it never does I/O or spawns threads: MoE layers get
+//! their experts from an [`ExpertStore`], whose inside (RAM, disk, network) is not the model's
+//! business.
+//!
+//! Legend used in shape comments: T tokens in the step (all sequences of the batch), D hidden,
+//! H query heads, Hkv key/value heads, Dh head dim, E routed experts, K active experts, F expert
+//! intermediate dim, V vocab, P cached positions of one sequence.
+
+mod cache;
+mod decoder;
+mod error;
+mod info;
+pub mod layers;
+mod registry;
+mod store;
+mod trace;
+mod weights;
+
+mod deepseek_v3;
+mod mixtral;
+mod qwen3_moe;
+
+pub use cache::{KvCache, LayerCache};
+pub use decoder::{Decoder, SeqInput};
+pub use error::ModelError;
+pub use info::{ModelInfo, TensorSummary};
+pub use registry::{family_for, load_model, Family, StoreFactory, FAMILIES};
+pub use store::{Expert, ExpertLayout, ExpertStore};
+pub use trace::{RoutingRecord, Trace};
+pub use weights::{linear_summary, load_linear};
+
+pub type Result<T, E = ModelError> = std::result::Result<T, E>;
+
+/// A loaded model: one forward pass over a batch of sequences.
+pub trait Model: Send + Sync {
+    fn info(&self) -> &ModelInfo;
+
+    /// Empty per-sequence state (KV cache) for this model.
+    fn new_cache(&self) -> KvCache;
+
+    /// Runs the new tokens of every sequence in `batch` through the model, appending to each
+    /// sequence's cache. Returns, per sequence, logits (n, V) for its last token (n = 1) or for
+    /// every new token when `all_logits` is set.
+    fn forward(
+        &self,
+        batch: &mut [SeqInput<'_>],
+        trace: Option<&mut Trace>,
+    ) -> Result<Vec<Vec<f32>>>;
+}

@@ -1,0 +1,168 @@
+//! Qwen3-MoE: GQA with per-head q/k RMSNorm before a NeoX rotation (head_dim may differ from
+//! hidden/heads); sparse layers route with softmax top-k (renormalised when `norm_topk_prob`),
+//! no shared expert; `mlp_only_layers` and `decoder_sparse_step` pick the dense layers.
+
+use strata_formats::{Checkpoint, JsonConfig};
+
+use crate::decoder::{Attention, Block, Decoder, Ffn};
+use crate::layers::attention::GqaAttention;
+use crate::layers::mlp::Mlp;
+use crate::layers::moe::{MoeLayer, Router, RoutingRule};
+use crate::layers::rope::{Rope, RopeStyle};
+use crate::registry::{bad_config, load_ends, names, StoreFactory};
+use crate::weights::{load_linear, load_vector};
+use crate::{ExpertLayout, Model, ModelInfo, Result};
+
+struct Config {
+    vocab: usize,
+    hidden: usize,
+    inter: usize,
+    moe_inter: usize,
+    n_layers: usize,
+    n_heads: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+    n_experts: usize,
+    top_k: usize,
+    norm_topk_prob: bool,
+    sparse_step: usize,
+    mlp_only: Vec<usize>,
+    eps: f32,
+    max_pos: usize,
+}
+
+impl Config {
+    fn read(cfg: &JsonConfig) -> Result<Config> {
+        let hidden = cfg.usize("hidden_size")?;
+        let n_heads = cfg.usize("num_attention_heads")?;
+        let c = Config {
+            vocab: cfg.usize("vocab_size")?,
+            hidden,
+            inter: cfg.usize("intermediate_size")?,
+            moe_inter: cfg.usize("moe_intermediate_size")?,
+            n_layers: cfg.usize("num_hidden_layers")?,
+            n_heads,
+            n_kv_heads: cfg.opt_usize("num_key_value_heads")?.unwrap_or(n_heads),
+            head_dim: cfg
+                .opt_usize("head_dim")?
+                .unwrap_or(hidden / n_heads.max(1)),
+            n_experts: cfg.usize("num_experts")?,
+            top_k: cfg.usize("num_experts_per_tok")?,
+            norm_topk_prob: cfg.opt_bool("norm_topk_prob")?.unwrap_or(false),
+            sparse_step: cfg.opt_usize("decoder_sparse_step")?.unwrap_or(1).max(1),
+            mlp_only: cfg.opt_usize_list("mlp_only_layers")?.unwrap_or_default(),
+            eps: cfg.opt_f64("rms_norm_eps")?.unwrap_or(1e-6) as f32,
+            max_pos: cfg.usize("max_position_embeddings")?,
+        };
+        if c.n_heads == 0 || c.n_kv_heads == 0 || c.n_heads % c.n_kv_heads != 0 {
+            return Err(bad_config(
+                cfg,
+                format!(
+                    "num_attention_heads {} must be a multiple of num_key_value_heads {}",
+                    c.n_heads, c.n_kv_heads
+                ),
+            ));
+        }
+        if c.top_k > c.n_experts || c.head_dim % 2 != 0 {
+            return Err(bad_config(
+                cfg,
+                "num_experts_per_tok > num_experts, or odd head_dim",
+            ));
+        }
+        Ok(c)
+    }
+
+    fn is_moe(&self, l: usize) -> bool {
+        !self.mlp_only.contains(&l) && self.n_experts > 0 && (l + 1) % self.sparse_step == 0
+    }
+}
+
+pub fn expert_layout(cfg: &JsonConfig) -> Result<ExpertLayout> {
+    let c = Config::read(cfg)?;
+    Ok(ExpertLayout {
+        prefix: "model.layers.{layer}.mlp.experts.{expert}.".into(),
+        projections: ["gate_proj".into(), "up_proj".into(), "down_proj".into()],
+        hidden_dim: c.hidden,
+        inter_dim: c.moe_inter,
+        n_experts: c.n_experts,
+        moe_layers: (0..c.n_layers).filter(|&l| c.is_moe(l)).collect(),
+        top_k: c.top_k,
+    })
+}
+
+pub fn load(
+    cfg: &JsonConfig,
+    ckpt: &Checkpoint,
+    stores: StoreFactory<'_>,
+) -> Result<Box<dyn Model>> {
+    let c = Config::read(cfg)?;
+    let layout = expert_layout(cfg)?;
+    let store = stores(&layout)?;
+    let rope = Rope::from_config(cfg, c.head_dim, 10000.0, RopeStyle::NeoX)?;
+    let mut blocks = Vec::with_capacity(c.n_layers);
+    for l in 0..c.n_layers {
+        let p = names::layer(l);
+        let attn = GqaAttention::load(
+            ckpt,
+            &format!("{p}.self_attn"),
+            c.hidden,
+            c.n_heads,
+            c.n_kv_heads,
+            c.head_dim,
+            true,
+            rope.clone(),
+            c.eps,
+        )?;
+        let ffn = if c.is_moe(l) {
+            Ffn::Moe(MoeLayer {
+                layer: l,
+                router: Router {
+                    weight: load_linear(ckpt, &format!("{p}.mlp.gate"), c.n_experts, c.hidden)?,
+                    top_k: c.top_k,
+                    rule: RoutingRule::SoftmaxTopK {
+                        norm_topk_prob: c.norm_topk_prob,
+                    },
+                },
+                shared: None,
+                store: store.clone(),
+            })
+        } else {
+            Ffn::Dense(Mlp {
+                gate: load_linear(ckpt, &format!("{p}.mlp.gate_proj"), c.inter, c.hidden)?,
+                up: load_linear(ckpt, &format!("{p}.mlp.up_proj"), c.inter, c.hidden)?,
+                down: load_linear(ckpt, &format!("{p}.mlp.down_proj"), c.hidden, c.inter)?,
+            })
+        };
+        blocks.push(Block {
+            attn_norm: load_vector(ckpt, &format!("{p}.input_layernorm.weight"), c.hidden)?,
+            attn: Attention::Gqa(attn),
+            ffn_norm: load_vector(
+                ckpt,
+                &format!("{p}.post_attention_layernorm.weight"),
+                c.hidden,
+            )?,
+            ffn,
+        });
+    }
+    let (embed, norm, lm_head) = load_ends(cfg, ckpt, c.vocab, c.hidden)?;
+    Ok(Box::new(Decoder {
+        info: ModelInfo {
+            architecture: cfg
+                .architecture()
+                .unwrap_or("Qwen3MoeForCausalLM")
+                .to_string(),
+            model_type: "qwen3_moe".into(),
+            family: "qwen3_moe",
+            vocab_size: c.vocab,
+            hidden_dim: c.hidden,
+            n_layers: c.n_layers,
+            max_positions: c.max_pos,
+            experts: Some(layout),
+        },
+        embed,
+        blocks,
+        norm,
+        lm_head,
+        eps: c.eps,
+    }))
+}

@@ -1,0 +1,109 @@
+//! Architecture registry: one row per family, keyed by the HF `model_type` and `architectures`.
+//! Adding an architecture = one family file + one row here.
+
+use std::sync::Arc;
+
+use strata_formats::{Checkpoint, JsonConfig};
+use strata_kernels::Linear;
+
+use crate::weights::{load_linear, load_vector};
+use crate::{ExpertLayout, ExpertStore, Model, ModelError, Result};
+
+/// Builds the expert store for a family's layout (the runtime decides which store).
+pub type StoreFactory<'a> = &'a dyn Fn(&ExpertLayout) -> Result<Arc<dyn ExpertStore>>;
+
+pub struct Family {
+    pub name: &'static str,
+    pub model_types: &'static [&'static str],
+    pub architectures: &'static [&'static str],
+    /// Where the routed experts are, from config alone.
+    pub expert_layout: fn(&JsonConfig) -> Result<ExpertLayout>,
+    pub load: fn(&JsonConfig, &Checkpoint, StoreFactory<'_>) -> Result<Box<dyn Model>>,
+}
+
+pub static FAMILIES: &[Family] = &[
+    Family {
+        name: "deepseek_v3",
+        model_types: &["deepseek_v3", "kimi_k2"],
+        architectures: &["DeepseekV3ForCausalLM"],
+        expert_layout: crate::deepseek_v3::expert_layout,
+        load: crate::deepseek_v3::load,
+    },
+    Family {
+        name: "qwen3_moe",
+        model_types: &["qwen3_moe"],
+        architectures: &["Qwen3MoeForCausalLM"],
+        expert_layout: crate::qwen3_moe::expert_layout,
+        load: crate::qwen3_moe::load,
+    },
+    Family {
+        name: "mixtral",
+        model_types: &["mixtral"],
+        architectures: &["MixtralForCausalLM"],
+        expert_layout: crate::mixtral::expert_layout,
+        load: crate::mixtral::load,
+    },
+];
+
+pub fn family_for(cfg: &JsonConfig) -> Result<&'static Family> {
+    let model_type = cfg.opt_str("model_type")?;
+    let arch = cfg.architecture();
+    let by_type = model_type.and_then(|t| FAMILIES.iter().find(|f| f.model_types.contains(&t)));
+    let by_arch = arch.and_then(|a| FAMILIES.iter().find(|f| f.architectures.contains(&a)));
+    by_type
+        .or(by_arch)
+        .ok_or_else(|| ModelError::UnknownArchitecture {
+            path: cfg.path.display().to_string(),
+            arch: arch.map(str::to_string),
+            model_type: model_type.map(str::to_string),
+            supported: FAMILIES
+                .iter()
+                .flat_map(|f| f.model_types.iter().copied())
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
+}
+
+pub fn load_model(
+    cfg: &JsonConfig,
+    ckpt: &Checkpoint,
+    stores: StoreFactory<'_>,
+) -> Result<Box<dyn Model>> {
+    let family = family_for(cfg)?;
+    (family.load)(cfg, ckpt, stores)
+}
+
+/// Tensor names shared by every Llama-style checkpoint.
+pub(crate) mod names {
+    pub const EMBED: &str = "model.embed_tokens";
+    pub const LM_HEAD: &str = "lm_head";
+    pub const NORM: &str = "model.norm.weight";
+    pub fn layer(l: usize) -> String {
+        format!("model.layers.{l}")
+    }
+}
+
+/// Embedding, final norm and LM head (tied to the embedding when the config says so).
+pub(crate) fn load_ends(
+    cfg: &JsonConfig,
+    ckpt: &Checkpoint,
+    vocab: usize,
+    hidden: usize,
+) -> Result<(Linear, Vec<f32>, Linear)> {
+    let embed = load_linear(ckpt, names::EMBED, vocab, hidden)?;
+    let norm = load_vector(ckpt, names::NORM, hidden)?;
+    let tied = cfg.opt_bool("tie_word_embeddings")?.unwrap_or(false);
+    let lm_head = if tied && !ckpt.contains(&format!("{}.weight", names::LM_HEAD)) {
+        embed.clone()
+    } else {
+        load_linear(ckpt, names::LM_HEAD, vocab, hidden)?
+    };
+    Ok((embed, norm, lm_head))
+}
+
+pub(crate) fn bad_config(cfg: &JsonConfig, reason: impl Into<String>) -> ModelError {
+    ModelError::BadConfig {
+        path: cfg.path.display().to_string(),
+        reason: reason.into(),
+    }
+}

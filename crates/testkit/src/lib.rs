@@ -1,0 +1,80 @@
+//! Test support: the one resolver for the reference fixtures, and golden-file helpers.
+//!
+//! Fixtures come from `../shared/fixtures` beside the repository (made by
+//! `shared/tools/make_fixtures.py`); `STRATA_FIXTURES` points elsewhere. A missing folder fails
+//! the test with this explanation: it is never a skip.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+/// The fixtures root.
+pub fn fixtures_dir() -> PathBuf {
+    let dir = match std::env::var_os("STRATA_FIXTURES") {
+        Some(d) => PathBuf::from(d),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures"),
+    };
+    if !dir.is_dir() {
+        panic!(
+            "reference fixtures not found at {}: they live in ../shared/fixtures beside the repository \
+             (made by shared/tools/make_fixtures.py); set STRATA_FIXTURES to their path",
+            dir.display()
+        );
+    }
+    dir.canonicalize().unwrap_or(dir)
+}
+
+/// One fixture folder (e.g. `qwen3-moe-tiny`, `tokenizers/qwen3`).
+pub fn fixture(name: &str) -> PathBuf {
+    let dir = fixtures_dir().join(name);
+    assert!(dir.is_dir(), "fixture folder {} is missing", dir.display());
+    dir
+}
+
+/// The model folders with BF16 weights and goldens from transformers.
+pub const BF16_MODELS: &[&str] = &[
+    "deepseek-v3-tiny",
+    "kimi-k2-tiny",
+    "qwen3-moe-tiny",
+    "mixtral-tiny",
+];
+
+pub fn read_json(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+pub fn golden(name: &str) -> Value {
+    read_json(&fixture(name).join("golden.json"))
+}
+
+pub fn as_u32s(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .expect("array of ids")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
+}
+
+pub fn as_f32s(v: &Value) -> Vec<f32> {
+    v.as_array()
+        .expect("array of numbers")
+        .iter()
+        .map(|x| x.as_f64().expect("number") as f32)
+        .collect()
+}
+
+pub fn as_usizes(v: &Value) -> Vec<usize> {
+    v.as_array()
+        .expect("array of integers")
+        .iter()
+        .map(|x| x.as_u64().expect("integer") as usize)
+        .collect()
+}
+
+/// The logits tolerance for an f32 engine, from golden.json.
+pub fn rel_tolerance(golden: &Value) -> f32 {
+    golden["tolerances"]["logits"]["rel_f32_engine"]
+        .as_f64()
+        .unwrap_or(1e-3) as f32
+}

@@ -1,0 +1,20 @@
+//! Text <-> token ids for every checkpoint layout strata loads: Hugging Face `tokenizer.json`
+//! (the `tokenizers` crate, pure-Rust regex backend) and tiktoken rank files as Kimi ships them
+//! (`tiktoken.model` + `tokenizer_config.json`). Also chat templates (minijinja with the Python
+//! compatibility transformers has) and an incremental detokenizer for streaming.
+
+mod chat;
+mod error;
+mod pyjson;
+mod stream;
+mod tiktoken;
+mod tokenizer;
+
+pub use chat::ChatTemplate;
+pub use error::TokenizerError;
+pub use pyjson::python_json_dumps;
+pub use stream::StreamDecoder;
+pub use tiktoken::{TiktokenBackend, KIMI_PATTERN};
+pub use tokenizer::{AddedToken, Tokenizer};
+
+pub type Result<T, E = TokenizerError> = std::result::Result<T, E>;
