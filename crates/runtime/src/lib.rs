@@ -1,1 +1,15 @@
-//! placeholder
+//! The engine: loads a model folder (config, checkpoint, tokenizer, generation defaults), owns the
+//! expert store, and runs the generation loop over a batch of sequences with sampling, EOS and
+//! stop strings. The CLI and the server drive it.
+
+mod engine;
+mod generate;
+mod rng;
+mod sampler;
+mod stop;
+
+pub use engine::{Engine, EngineError, LoadOptions, LogitsOutput, ModelPlan};
+pub use generate::{FinishReason, GenEvent, Request};
+pub use rng::Rng;
+pub use sampler::{Sampler, SamplingParams};
+pub use stop::StopMatcher;

@@ -78,3 +78,41 @@ pub fn rel_tolerance(golden: &Value) -> f32 {
         .as_f64()
         .unwrap_or(1e-3) as f32
 }
+
+/// Reads one F32 tensor of a golden `.safetensors` trace file.
+pub fn golden_tensor(path: &Path, name: &str) -> Option<Vec<f32>> {
+    use std::os::unix::fs::FileExt;
+    let header = strata_formats::parse_header(path).unwrap_or_else(|e| panic!("{e}"));
+    let info = header.tensors.iter().find(|t| t.name == name)?;
+    let file = std::fs::File::open(path).unwrap();
+    let mut buf = vec![0u8; info.len as usize];
+    file.read_exact_at(&mut buf, info.offset).unwrap();
+    Some(strata_formats::bytes_to_f32(&buf, info.dtype))
+}
+
+/// Compares engine logits with the golden per the fixtures' rule; returns a description of the
+/// first failure.
+pub fn check_last_logits(
+    engine: &[f32],
+    golden: &[f32],
+    absmax: f32,
+    rel: f32,
+) -> Result<f32, String> {
+    if engine.len() != golden.len() {
+        return Err(format!(
+            "{} logits, golden has {}",
+            engine.len(),
+            golden.len()
+        ));
+    }
+    let worst = engine
+        .iter()
+        .zip(golden)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    if worst <= rel * absmax {
+        Ok(worst)
+    } else {
+        Err(format!("max |diff| {worst} > {rel} x {absmax}"))
+    }
+}

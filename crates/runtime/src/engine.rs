@@ -1,0 +1,240 @@
+//! Loading a model folder into a ready engine, and the single-pass queries (`logits`).
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use strata_experts::ResidentStore;
+use strata_formats::{Checkpoint, DType, GenerationConfig, JsonConfig};
+use strata_models::{
+    family_for, load_model, ExpertLayout, ExpertStore, KvCache, Model, SeqInput, Trace,
+};
+use strata_tokenizer::Tokenizer;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Model(#[from] strata_models::ModelError),
+    #[error(transparent)]
+    Format(#[from] strata_formats::FormatError),
+    #[error(transparent)]
+    Tokenizer(#[from] strata_tokenizer::TokenizerError),
+    #[error("{0}: this model folder has no tokenizer (tokenizer.json or tiktoken.model); give token ids instead")]
+    NoTokenizer(PathBuf),
+    #[error("the prompt has {prompt} tokens; the model's context is {max} positions")]
+    PromptTooLong { prompt: usize, max: usize },
+    #[error("empty prompt: at least one token is needed")]
+    EmptyPrompt,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct LoadOptions {}
+
+pub struct Engine {
+    pub dir: PathBuf,
+    pub model: Box<dyn Model>,
+    pub tokenizer: Option<Tokenizer>,
+    pub generation: GenerationConfig,
+}
+
+/// `logits` output: argmax at every position and the full logits of the last one.
+#[derive(Clone, Debug)]
+pub struct LogitsOutput {
+    pub argmax: Vec<u32>,
+    pub last_logits: Vec<f32>,
+    /// (n, V), every position.
+    pub all_logits: Vec<f32>,
+}
+
+impl Engine {
+    pub fn load(dir: &Path, _options: &LoadOptions) -> Result<Engine, EngineError> {
+        let cfg = JsonConfig::read(&dir.join("config.json"))?;
+        let ckpt = Checkpoint::open(dir)?;
+        let factory = |layout: &ExpertLayout| -> strata_models::Result<Arc<dyn ExpertStore>> {
+            Ok(Arc::new(ResidentStore::load(&ckpt, layout)?))
+        };
+        let model = load_model(&cfg, &ckpt, &factory)?;
+        let tokenizer =
+            if dir.join("tokenizer.json").exists() || dir.join("tiktoken.model").exists() {
+                Some(Tokenizer::from_dir(dir)?)
+            } else {
+                None
+            };
+        let gen_path = dir.join("generation_config.json");
+        let mut generation = if gen_path.exists() {
+            GenerationConfig::read(&gen_path)?
+        } else {
+            GenerationConfig::default()
+        };
+        if generation.eos_token_ids.is_empty() {
+            generation.eos_token_ids = cfg.opt_id_list("eos_token_id")?.unwrap_or_default();
+        }
+        Ok(Engine {
+            dir: dir.to_path_buf(),
+            model,
+            tokenizer,
+            generation,
+        })
+    }
+
+    pub fn tokenizer(&self) -> Result<&Tokenizer, EngineError> {
+        self.tokenizer
+            .as_ref()
+            .ok_or_else(|| EngineError::NoTokenizer(self.dir.clone()))
+    }
+
+    pub fn new_cache(&self) -> KvCache {
+        self.model.new_cache()
+    }
+
+    /// One forward pass over `ids` from an empty cache, with every position's logits.
+    pub fn logits(&self, ids: &[u32]) -> Result<LogitsOutput, EngineError> {
+        self.logits_traced(ids, None)
+    }
+
+    pub fn logits_traced(
+        &self,
+        ids: &[u32],
+        trace: Option<&mut Trace>,
+    ) -> Result<LogitsOutput, EngineError> {
+        if ids.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        let max = self.model.info().max_positions;
+        if ids.len() > max {
+            return Err(EngineError::PromptTooLong {
+                prompt: ids.len(),
+                max,
+            });
+        }
+        let mut cache = self.new_cache();
+        let mut batch = [SeqInput {
+            tokens: ids,
+            cache: &mut cache,
+            all_logits: true,
+        }];
+        let out = self
+            .model
+            .forward(&mut batch, trace)?
+            .pop()
+            .expect("one sequence");
+        let vocab = self.model.info().vocab_size;
+        let argmax = out
+            .chunks_exact(vocab)
+            .map(crate::sampler::argmax)
+            .collect();
+        let last_logits = out[out.len() - vocab..].to_vec();
+        Ok(LogitsOutput {
+            argmax,
+            last_logits,
+            all_logits: out,
+        })
+    }
+}
+
+/// What a model folder holds and what running it costs, from headers and config alone.
+#[derive(Clone, Debug)]
+pub struct ModelPlan {
+    pub architecture: String,
+    pub model_type: String,
+    pub family: &'static str,
+    pub n_layers: usize,
+    pub vocab_size: usize,
+    pub hidden_dim: usize,
+    pub layout: ExpertLayout,
+    pub total_params: u64,
+    pub expert_params: u64,
+    pub expert_bytes: u64,
+    pub non_expert_params: u64,
+    pub non_expert_bytes: u64,
+    /// (dtype, tensors, bytes)
+    pub formats: Vec<(String, usize, u64)>,
+}
+
+impl ModelPlan {
+    pub fn from_dir(dir: &Path) -> Result<ModelPlan, EngineError> {
+        let cfg = JsonConfig::read(&dir.join("config.json"))?;
+        let family = family_for(&cfg)?;
+        let layout = (family.expert_layout)(&cfg)?;
+        let ckpt = Checkpoint::open(dir)?;
+
+        let mut prefixes = HashSet::new();
+        for &l in &layout.moe_layers {
+            for e in 0..layout.n_experts {
+                for p in 0..3 {
+                    prefixes.insert(layout.tensor_base(l, e, p));
+                }
+            }
+        }
+        let mut plan = ModelPlan {
+            architecture: cfg.architecture().unwrap_or("?").to_string(),
+            model_type: cfg.opt_str("model_type")?.unwrap_or("?").to_string(),
+            family: family.name,
+            n_layers: cfg.usize("num_hidden_layers")?,
+            vocab_size: cfg.usize("vocab_size")?,
+            hidden_dim: cfg.usize("hidden_size")?,
+            layout,
+            total_params: 0,
+            expert_params: 0,
+            expert_bytes: 0,
+            non_expert_params: 0,
+            non_expert_bytes: 0,
+            formats: Vec::new(),
+        };
+        let mut formats: std::collections::BTreeMap<String, (usize, u64)> = Default::default();
+        for entry in ckpt.entries() {
+            let info = &entry.info;
+            let params = logical_params(&info.name, info.dtype, info.numel() as u64);
+            let is_expert = info
+                .name
+                .rsplit_once('.')
+                .is_some_and(|(base, _)| prefixes.contains(base));
+            if is_expert {
+                plan.expert_params += params;
+                plan.expert_bytes += info.len;
+            } else {
+                plan.non_expert_params += params;
+                plan.non_expert_bytes += info.len;
+            }
+            let f = formats.entry(info.dtype.name().to_string()).or_default();
+            f.0 += 1;
+            f.1 += info.len;
+        }
+        plan.total_params = plan.expert_params + plan.non_expert_params;
+        plan.formats = formats.into_iter().map(|(k, (n, b))| (k, n, b)).collect();
+        Ok(plan)
+    }
+
+    pub fn n_expert_slots(&self) -> u64 {
+        (self.layout.moe_layers.len() * self.layout.n_experts) as u64
+    }
+
+    pub fn bytes_per_expert(&self) -> u64 {
+        self.expert_bytes / self.n_expert_slots().max(1)
+    }
+
+    pub fn active_params(&self) -> u64 {
+        let per_expert = self.expert_params / self.n_expert_slots().max(1);
+        self.non_expert_params
+            + per_expert * (self.layout.top_k * self.layout.moe_layers.len()) as u64
+    }
+
+    /// Expert bytes one token reads when no expert is cached.
+    pub fn uncached_token_bytes(&self) -> u64 {
+        self.bytes_per_expert() * (self.layout.top_k * self.layout.moe_layers.len()) as u64
+    }
+}
+
+/// Elements of the unquantized matrix a tensor stands for (scales and shape tensors count 0).
+fn logical_params(name: &str, dtype: DType, numel: u64) -> u64 {
+    if name.ends_with("weight_scale")
+        || name.ends_with("weight_scale_inv")
+        || name.ends_with("weight_shape")
+    {
+        0
+    } else if name.ends_with("weight_packed") && dtype == DType::I32 {
+        numel * 8
+    } else {
+        numel
+    }
+}

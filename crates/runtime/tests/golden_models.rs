@@ -1,0 +1,153 @@
+//! The reference checks of every BF16 fixture model through the engine: last-position logits,
+//! argmax where the margin allows, routing of prompt 1, hidden-state traces, and greedy generation
+//! with the KV cache. Shapes come from config.json, lengths from golden.json.
+
+use serde_json::Value;
+use strata_models::Trace;
+use strata_runtime::{Engine, FinishReason, GenEvent, LoadOptions, Request, SamplingParams};
+use strata_testkit::{
+    as_f32s, as_u32s, as_usizes, check_last_logits, fixture, golden, golden_tensor, rel_tolerance,
+    BF16_MODELS,
+};
+
+fn load(name: &str) -> Engine {
+    Engine::load(&fixture(name), &LoadOptions::default()).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+pub fn check_prompts(name: &str, engine: &Engine, g: &Value, rel: f32) {
+    for (p, prompt) in g["prompts"].as_array().unwrap().iter().enumerate() {
+        let ids = as_u32s(&prompt["ids"]);
+        let out = engine.logits(&ids).unwrap();
+        let absmax = prompt["last_logits_absmax"].as_f64().unwrap() as f32;
+        let worst = check_last_logits(
+            &out.last_logits,
+            &as_f32s(&prompt["last_logits"]),
+            absmax,
+            rel,
+        )
+        .unwrap_or_else(|e| panic!("{name} prompt {p}: last logits: {e}"));
+        eprintln!(
+            "{name} prompt {p}: max |diff| {worst:.2e} (limit {:.2e})",
+            rel * absmax
+        );
+        let margins = as_f32s(&prompt["top2_margin"]);
+        let golden_argmax = as_u32s(&prompt["argmax"]);
+        assert_eq!(out.argmax.len(), golden_argmax.len());
+        for (i, (a, b)) in out.argmax.iter().zip(&golden_argmax).enumerate() {
+            if margins[i] >= 2.0 * rel * absmax {
+                assert_eq!(
+                    a, b,
+                    "{name} prompt {p}: argmax at position {i} (margin {})",
+                    margins[i]
+                );
+            }
+        }
+    }
+}
+
+pub fn check_routing(name: &str, engine: &Engine, g: &Value) {
+    let routing = &g["routing"];
+    let p = routing["prompt_index"].as_u64().unwrap() as usize;
+    let ids = as_u32s(&g["prompts"][p]["ids"]);
+    let mut trace = Trace::default();
+    engine.logits_traced(&ids, Some(&mut trace)).unwrap();
+    let layers = routing["layers"].as_array().unwrap();
+    assert_eq!(
+        trace.routing.len(),
+        layers.len(),
+        "{name}: number of MoE layers"
+    );
+    for (rec, want) in trace.routing.iter().zip(layers) {
+        let layer = want["layer"].as_u64().unwrap() as usize;
+        assert_eq!(rec.layer, layer, "{name}: MoE layer order");
+        for (t, want_experts) in want["experts"].as_array().unwrap().iter().enumerate() {
+            let want_logits = as_f32s(&want["router_logits"][t]);
+            for (a, b) in rec.router_logits[t].iter().zip(&want_logits) {
+                assert!(
+                    (a - b).abs() <= 1e-3,
+                    "{name} layer {layer} token {t}: router logit {a} vs {b}"
+                );
+            }
+            let margin = want["selection_margin"][t].as_f64().unwrap();
+            if margin < 1e-4 {
+                continue;
+            }
+            assert_eq!(
+                rec.experts[t],
+                as_usizes(want_experts),
+                "{name} layer {layer} token {t}: experts"
+            );
+            for (a, b) in rec.weights[t].iter().zip(as_f32s(&want["weights"][t])) {
+                assert!(
+                    (a - b).abs() <= 1e-4,
+                    "{name} layer {layer} token {t}: weight {a} vs {b}"
+                );
+            }
+        }
+    }
+    // Hidden-state traces, when the fixture has them (max abs diff <= 1e-3 x max abs value).
+    let path = fixture(name).join("golden.safetensors");
+    if path.exists() && p == 1 {
+        for (hname, values) in &trace.hidden {
+            let Some(want) = golden_tensor(&path, &format!("prompt1.hidden.{hname}")) else {
+                continue;
+            };
+            let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let worst = values
+                .iter()
+                .zip(&want)
+                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(
+                worst <= 1e-3 * scale,
+                "{name}: hidden {hname}: max |diff| {worst} > 1e-3 x {scale}"
+            );
+        }
+    }
+}
+
+pub fn check_generation(name: &str, engine: &Engine, g: &Value, rel: f32) {
+    for entry in g["generation"].as_array().unwrap() {
+        let p = entry["prompt_index"].as_u64().unwrap() as usize;
+        let absmax = g["prompts"][p]["last_logits_absmax"].as_f64().unwrap() as f32;
+        let want = as_u32s(&entry["new_ids"]);
+        let request = Request {
+            prompt: as_u32s(&entry["prompt_ids"]),
+            max_new_tokens: want.len(),
+            sampling: SamplingParams::default(),
+            stop: vec![],
+            ignore_eos: true,
+        };
+        let mut finished = None;
+        let got = engine
+            .generate(std::slice::from_ref(&request), |_, e| {
+                if let GenEvent::Done { reason } = e {
+                    finished = Some(reason);
+                }
+            })
+            .unwrap()
+            .remove(0);
+        assert_eq!(finished, Some(FinishReason::Length));
+        let margins = as_f32s(&entry["step_top2_margin"]);
+        let checked = margins
+            .iter()
+            .position(|&m| m < 2.0 * rel * absmax)
+            .map_or(want.len(), |i| i + 1);
+        assert_eq!(
+            &got[..checked],
+            &want[..checked],
+            "{name} generation from prompt {p} (checked {checked} steps)"
+        );
+    }
+}
+
+#[test]
+fn bf16_models_match_goldens() {
+    for name in BF16_MODELS {
+        let engine = load(name);
+        let g = golden(name);
+        let rel = rel_tolerance(&g);
+        check_prompts(name, &engine, &g, rel);
+        check_routing(name, &engine, &g);
+        check_generation(name, &engine, &g, rel);
+    }
+}
