@@ -126,7 +126,7 @@ impl Model for Decoder {
         }
 
         let x = rms_normed(&x, &self.norm, self.eps);
-        if let Some(t) = trace.as_deref_mut() {
+        if let Some(t) = trace {
             t.hidden.push(("final_norm".into(), x.clone()));
         }
         let mut out = Vec::with_capacity(batch.len());

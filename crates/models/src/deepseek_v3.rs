@@ -83,7 +83,8 @@ impl Config {
                 ));
             }
         }
-        if c.n_routed % c.n_group != 0 || c.topk_group > c.n_group || c.top_k > c.n_routed {
+        if !c.n_routed.is_multiple_of(c.n_group) || c.topk_group > c.n_group || c.top_k > c.n_routed
+        {
             return Err(bad_config(
                 cfg,
                 format!(
@@ -92,14 +93,14 @@ impl Config {
                 ),
             ));
         }
-        if c.rope % 2 != 0 {
+        if !c.rope.is_multiple_of(2) {
             return Err(bad_config(cfg, "qk_rope_head_dim must be even"));
         }
         Ok(c)
     }
 
     fn is_moe(&self, l: usize) -> bool {
-        self.n_routed > 0 && l >= self.first_dense && l % self.moe_freq == 0
+        self.n_routed > 0 && l >= self.first_dense && l.is_multiple_of(self.moe_freq)
     }
 }
 

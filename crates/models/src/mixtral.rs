@@ -44,7 +44,7 @@ impl Config {
             eps: cfg.opt_f64("rms_norm_eps")?.unwrap_or(1e-5) as f32,
             max_pos: cfg.usize("max_position_embeddings")?,
         };
-        if c.n_heads == 0 || c.n_kv_heads == 0 || c.n_heads % c.n_kv_heads != 0 {
+        if c.n_heads == 0 || c.n_kv_heads == 0 || !c.n_heads.is_multiple_of(c.n_kv_heads) {
             return Err(bad_config(
                 cfg,
                 format!(
@@ -53,7 +53,7 @@ impl Config {
                 ),
             ));
         }
-        if c.top_k > c.n_experts || c.head_dim % 2 != 0 {
+        if c.top_k > c.n_experts || !c.head_dim.is_multiple_of(2) {
             return Err(bad_config(
                 cfg,
                 "num_experts_per_tok > num_local_experts, or odd head_dim",

@@ -10,7 +10,7 @@ use crate::{ChatTemplate, Result, TokenizerError};
 
 enum Backend {
     Hf(Box<tokenizers::Tokenizer>),
-    Tiktoken(TiktokenBackend),
+    Tiktoken(Box<TiktokenBackend>),
 }
 
 #[derive(Clone, Debug)]
@@ -57,7 +57,7 @@ impl Tokenizer {
                 .map_err(|e| TokenizerError::file(&hf_path, e))?;
             Backend::Hf(Box::new(tok))
         } else if dir.join("tiktoken.model").exists() {
-            Backend::Tiktoken(TiktokenBackend::kimi(dir, &config)?)
+            Backend::Tiktoken(Box::new(TiktokenBackend::kimi(dir, &config)?))
         } else {
             return Err(TokenizerError::NotFound {
                 dir: dir.to_path_buf(),
@@ -74,7 +74,7 @@ impl Tokenizer {
     /// A tiktoken tokenizer from its parts (rank file, pattern, specials), with no config.
     pub fn from_tiktoken(backend: TiktokenBackend) -> Tokenizer {
         Tokenizer {
-            backend: Backend::Tiktoken(backend),
+            backend: Backend::Tiktoken(Box::new(backend)),
             config: Value::Object(Default::default()),
             chat_template: None,
         }

@@ -1,0 +1,117 @@
+//! `strata inspect`: what a model is and what running it costs, from its headers and config
+//! (no weights are read).
+
+use anyhow::Result;
+use strata_runtime::ModelPlan;
+
+use super::ModelArg;
+
+#[derive(clap::Args)]
+pub struct InspectArgs {
+    #[command(flatten)]
+    model: ModelArg,
+    /// Print the figures as JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.2} {} ({b} B)", UNITS[u])
+    }
+}
+
+fn human_count(n: u64) -> String {
+    let v = n as f64;
+    if v >= 1e12 {
+        format!("{:.2}T", v / 1e12)
+    } else if v >= 1e9 {
+        format!("{:.2}B", v / 1e9)
+    } else if v >= 1e6 {
+        format!("{:.2}M", v / 1e6)
+    } else if v >= 1e3 {
+        format!("{:.1}K", v / 1e3)
+    } else {
+        n.to_string()
+    }
+}
+
+pub fn inspect(args: InspectArgs) -> Result<()> {
+    let dir = args.model.resolve()?;
+    let plan = ModelPlan::from_dir(&dir)?;
+    let l = &plan.layout;
+    if args.json {
+        let body = serde_json::json!({
+            "architecture": plan.architecture,
+            "model_type": plan.model_type,
+            "family": plan.family,
+            "layers": plan.n_layers,
+            "moe_layers": l.moe_layers.len(),
+            "hidden_size": plan.hidden_dim,
+            "vocab_size": plan.vocab_size,
+            "routed_experts": l.n_experts,
+            "active_experts": l.top_k,
+            "total_params": plan.total_params,
+            "active_params": plan.active_params(),
+            "expert_params": plan.expert_params,
+            "non_expert_params": plan.non_expert_params,
+            "expert_bytes": plan.expert_bytes,
+            "non_expert_bytes": plan.non_expert_bytes,
+            "bytes_per_expert": plan.bytes_per_expert(),
+            "uncached_token_bytes": plan.uncached_token_bytes(),
+            "formats": plan.formats.iter().map(|(d, n, b)| serde_json::json!({"dtype": d, "tensors": n, "bytes": b})).collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&body)?);
+        return Ok(());
+    }
+    println!("model            {}", args.model.describe());
+    println!(
+        "architecture     {} (model_type {}, family {})",
+        plan.architecture, plan.model_type, plan.family
+    );
+    println!(
+        "layers           {} ({} MoE), hidden {}, vocab {}",
+        plan.n_layers,
+        l.moe_layers.len(),
+        plan.hidden_dim,
+        plan.vocab_size
+    );
+    println!(
+        "experts          {} routed per MoE layer, {} active per token, intermediate {}",
+        l.n_experts, l.top_k, l.inter_dim
+    );
+    println!(
+        "parameters       {} total, {} active per token",
+        human_count(plan.total_params),
+        human_count(plan.active_params())
+    );
+    println!(
+        "  experts        {} params, {}",
+        human_count(plan.expert_params),
+        human_bytes(plan.expert_bytes)
+    );
+    println!(
+        "  non-expert     {} params, {}",
+        human_count(plan.non_expert_params),
+        human_bytes(plan.non_expert_bytes)
+    );
+    println!("bytes per expert {}", human_bytes(plan.bytes_per_expert()));
+    println!(
+        "uncached token   {} of expert reads",
+        human_bytes(plan.uncached_token_bytes())
+    );
+    println!("tensor formats:");
+    for (dtype, n, bytes) in &plan.formats {
+        println!("  {dtype:<8} {n:>6} tensors  {}", human_bytes(*bytes));
+    }
+    Ok(())
+}

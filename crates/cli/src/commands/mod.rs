@@ -1,0 +1,100 @@
+//! Command-line definitions and dispatch. Each command lives in its own file.
+
+mod inspect;
+mod run;
+mod tokens;
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+
+use crate::default_model;
+
+#[derive(Parser)]
+#[command(
+    name = "strata",
+    version,
+    about = "Run huge Mixture-of-Experts language models on one ordinary machine",
+    long_about = "strata runs Mixture-of-Experts models whose weights are far larger than RAM by keeping the \
+                  non-expert weights resident and reading only the experts each token needs.\n\n\
+                  Without --model, commands use a tiny embedded demo model (random weights: its text is noise)."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text (or token ids) from a prompt, streaming it as it is produced.
+    Run(run::RunArgs),
+    /// Print the argmax at every position and the last position's logits, as JSON.
+    Logits(tokens::LogitsArgs),
+    /// Turn text or a chat conversation into token ids, as JSON.
+    Tokenize(tokens::TokenizeArgs),
+    /// Turn token ids into text, as JSON.
+    Detokenize(tokens::DetokenizeArgs),
+    /// Show a model's architecture, sizes, formats and what an uncached token must read.
+    Inspect(inspect::InspectArgs),
+}
+
+/// `--model`, shared by every command.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ModelArg {
+    /// Model folder (Hugging Face layout: config.json, *.safetensors, tokenizer files).
+    /// Default: the embedded demo model.
+    #[arg(long, short = 'm', value_name = "DIR")]
+    model: Option<PathBuf>,
+}
+
+impl ModelArg {
+    pub fn resolve(&self) -> Result<PathBuf> {
+        match &self.model {
+            Some(dir) => {
+                if !dir.is_dir() {
+                    bail!(
+                        "model folder {} does not exist (or is not a folder)",
+                        dir.display()
+                    );
+                }
+                Ok(dir.clone())
+            }
+            None => default_model::path(),
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        match &self.model {
+            Some(d) => d.display().to_string(),
+            None => default_model::NAME.to_string(),
+        }
+    }
+}
+
+/// Parses `1,2,3` (spaces allowed) into token ids.
+pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
+    let ids = s
+        .split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(|t| {
+            t.parse::<u32>()
+                .with_context(|| format!("--ids: `{t}` is not a token id"))
+        })
+        .collect::<Result<Vec<u32>>>()?;
+    if ids.is_empty() {
+        bail!("--ids: no token ids given");
+    }
+    Ok(ids)
+}
+
+pub fn dispatch(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Run(a) => run::run(a),
+        Command::Logits(a) => tokens::logits(a),
+        Command::Tokenize(a) => tokens::tokenize(a),
+        Command::Detokenize(a) => tokens::detokenize(a),
+        Command::Inspect(a) => inspect::inspect(a),
+    }
+}

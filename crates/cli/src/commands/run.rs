@@ -1,0 +1,201 @@
+//! `strata run`: prompt in, tokens out, streamed as they are generated.
+
+use std::io::Write;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use serde_json::json;
+use strata_runtime::{Engine, GenEvent, LoadOptions, Request, SamplingParams};
+
+use super::{parse_ids, ModelArg};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    /// Stream the generated text to stdout.
+    Text,
+    /// Print `{"token_ids": [...], "text": "..."}` of the generated part at the end.
+    Json,
+}
+
+#[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["prompt", "ids"])))]
+pub struct RunArgs {
+    #[command(flatten)]
+    model: ModelArg,
+    /// The prompt text (encoded with the tokenizer's special tokens, e.g. BOS, unless --chat).
+    #[arg(long, short = 'p', value_name = "TEXT")]
+    prompt: Option<String>,
+    /// Wrap --prompt as a user message in the model's chat template (with the generation prompt).
+    #[arg(long, requires = "prompt")]
+    chat: bool,
+    /// System message for --chat.
+    #[arg(long, value_name = "TEXT", requires = "chat")]
+    system: Option<String>,
+    /// Extra chat-template variables as a JSON object (e.g. '{"enable_thinking": false}').
+    #[arg(long, value_name = "JSON", requires = "chat")]
+    template_kwargs: Option<String>,
+    /// The prompt as token ids, comma-separated, instead of text.
+    #[arg(long, value_name = "IDS")]
+    ids: Option<String>,
+    /// Most tokens to generate.
+    #[arg(long, short = 'n', default_value_t = 256, value_name = "N")]
+    max_tokens: usize,
+    /// Sampling temperature; 0 = greedy. Default: the model's generation_config.json, else 0.
+    #[arg(long, short = 't', value_name = "T")]
+    temperature: Option<f32>,
+    /// Nucleus sampling: keep the smallest set of tokens whose probability reaches P (1 = off).
+    #[arg(long, value_name = "P")]
+    top_p: Option<f32>,
+    /// Keep only the K most likely tokens (0 = off).
+    #[arg(long, value_name = "K")]
+    top_k: Option<usize>,
+    /// Drop tokens less likely than P x the most likely one (0 = off).
+    #[arg(long, value_name = "P")]
+    min_p: Option<f32>,
+    /// Penalise tokens already in the prompt or output (1 = off; 1.1 is mild).
+    #[arg(long, value_name = "R")]
+    repetition_penalty: Option<f32>,
+    /// Random seed: the same seed and settings give the same output. Default: from the clock.
+    #[arg(long, value_name = "S")]
+    seed: Option<u64>,
+    /// Keep generating past the end-of-sequence token.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Stop when this text appears (not printed); may be given several times.
+    #[arg(long, value_name = "TEXT")]
+    stop: Vec<String>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Output::Text)]
+    output: Output,
+}
+
+fn sampling(args: &RunArgs, engine: &Engine) -> Result<SamplingParams> {
+    let g = &engine.generation;
+    let sample_by_default = g.do_sample.unwrap_or(false);
+    let params = SamplingParams {
+        temperature: args.temperature.unwrap_or(if sample_by_default {
+            g.temperature.unwrap_or(1.0) as f32
+        } else {
+            0.0
+        }),
+        top_k: args.top_k.unwrap_or(if sample_by_default {
+            g.top_k.unwrap_or(0)
+        } else {
+            0
+        }),
+        top_p: args.top_p.unwrap_or(if sample_by_default {
+            g.top_p.unwrap_or(1.0) as f32
+        } else {
+            1.0
+        }),
+        min_p: args.min_p.unwrap_or(g.min_p.unwrap_or(0.0) as f32),
+        repetition_penalty: args
+            .repetition_penalty
+            .unwrap_or(g.repetition_penalty.unwrap_or(1.0) as f32),
+        seed: args.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0)
+        }),
+    };
+    if !(params.temperature >= 0.0 && params.temperature.is_finite()) {
+        bail!("--temperature must be >= 0");
+    }
+    if !(params.top_p > 0.0 && params.top_p <= 1.0) {
+        bail!("--top-p must be in (0, 1]");
+    }
+    if !(0.0..=1.0).contains(&params.min_p) {
+        bail!("--min-p must be in [0, 1]");
+    }
+    if !(params.repetition_penalty > 0.0 && params.repetition_penalty.is_finite()) {
+        bail!("--repetition-penalty must be > 0");
+    }
+    Ok(params)
+}
+
+fn prompt_ids(args: &RunArgs, engine: &Engine) -> Result<Vec<u32>> {
+    if let Some(ids) = &args.ids {
+        return parse_ids(ids);
+    }
+    let text = args
+        .prompt
+        .as_deref()
+        .expect("clap requires --prompt or --ids");
+    let tok = engine.tokenizer()?;
+    if !args.chat {
+        return Ok(tok.encode(text, true)?);
+    }
+    let mut messages = Vec::new();
+    if let Some(system) = &args.system {
+        messages.push(json!({"role": "system", "content": system}));
+    }
+    messages.push(json!({"role": "user", "content": text}));
+    let kwargs = match &args.template_kwargs {
+        Some(s) => match serde_json::from_str(s).context("--template-kwargs: not valid JSON")? {
+            serde_json::Value::Object(m) => m,
+            _ => bail!("--template-kwargs must be a JSON object"),
+        },
+        None => Default::default(),
+    };
+    let rendered =
+        tok.apply_chat_template(&serde_json::Value::Array(messages), None, true, &kwargs)?;
+    // Chat templates write their own BOS.
+    Ok(tok.encode(&rendered, false)?)
+}
+
+pub fn run(args: RunArgs) -> Result<()> {
+    let dir = args.model.resolve()?;
+    let t_load = Instant::now();
+    let engine = Engine::load(&dir, &LoadOptions::default())
+        .with_context(|| format!("loading model {}", args.model.describe()))?;
+    let load_s = t_load.elapsed().as_secs_f64();
+    let request = Request {
+        prompt: prompt_ids(&args, &engine)?,
+        max_new_tokens: args.max_tokens,
+        sampling: sampling(&args, &engine)?,
+        stop: args.stop.clone(),
+        ignore_eos: args.ignore_eos,
+    };
+    if !args.stop.is_empty() && engine.tokenizer.is_none() {
+        bail!("--stop needs a tokenizer, and {} has none", dir.display());
+    }
+
+    let stdout = std::io::stdout();
+    let mut text = String::new();
+    let mut reason = None;
+    let mut first_token = None;
+    let t_gen = Instant::now();
+    let ids = engine
+        .generate(std::slice::from_ref(&request), |_, event| match event {
+            GenEvent::Token { text: delta, .. } => {
+                first_token.get_or_insert_with(Instant::now);
+                text.push_str(delta);
+                if args.output == Output::Text {
+                    let mut out = stdout.lock();
+                    let _ = out.write_all(delta.as_bytes());
+                    let _ = out.flush();
+                }
+            }
+            GenEvent::Done { reason: r } => reason = Some(r),
+        })?
+        .remove(0);
+    let total_s = t_gen.elapsed().as_secs_f64();
+    match args.output {
+        Output::Text => println!(),
+        Output::Json => println!(
+            "{}",
+            serde_json::to_string(&json!({"token_ids": ids, "text": text}))?
+        ),
+    }
+    let prefill_s = first_token.map_or(total_s, |t| (t - t_gen).as_secs_f64());
+    let decode_s = total_s - prefill_s;
+    eprintln!(
+        "[strata] load {load_s:.2} s | prompt {} tokens in {prefill_s:.2} s | {} tokens generated ({:.2} tok/s after the first) | finish: {}",
+        request.prompt.len(),
+        ids.len(),
+        if ids.len() > 1 && decode_s > 0.0 { (ids.len() - 1) as f64 / decode_s } else { 0.0 },
+        reason.map_or("?", |r| r.as_str()),
+    );
+    Ok(())
+}

@@ -1,0 +1,164 @@
+//! The reference checks driven through the real `strata` binary, as external checks use it:
+//! `strata logits`, `strata run --output json`, `strata tokenize`, `strata detokenize`.
+
+use std::process::Command;
+
+use serde_json::Value;
+use strata_testkit::{
+    as_f32s, as_u32s, check_last_logits, fixture, golden, rel_tolerance, BF16_MODELS,
+};
+
+fn strata(args: &[&str]) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(args)
+        .output()
+        .expect("spawn strata");
+    assert!(
+        out.status.success(),
+        "strata {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).expect("utf-8 stdout");
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("strata {args:?}: {e}: {stdout}"))
+}
+
+fn csv(ids: &[u32]) -> String {
+    ids.iter()
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[test]
+fn logits_and_run_through_the_binary_match_goldens() {
+    for name in BF16_MODELS {
+        let dir = fixture(name);
+        let dir = dir.to_str().unwrap();
+        let g = golden(name);
+        let rel = rel_tolerance(&g);
+        for (p, prompt) in g["prompts"].as_array().unwrap().iter().enumerate() {
+            let ids = as_u32s(&prompt["ids"]);
+            let out = strata(&["logits", "--model", dir, "--ids", &csv(&ids)]);
+            let absmax = prompt["last_logits_absmax"].as_f64().unwrap() as f32;
+            check_last_logits(
+                &as_f32s(&out["last_logits"]),
+                &as_f32s(&prompt["last_logits"]),
+                absmax,
+                rel,
+            )
+            .unwrap_or_else(|e| panic!("{name} prompt {p} via CLI: {e}"));
+            let margins = as_f32s(&prompt["top2_margin"]);
+            let argmax = as_u32s(&out["argmax"]);
+            assert_eq!(argmax.len(), ids.len());
+            for (i, (a, b)) in argmax.iter().zip(as_u32s(&prompt["argmax"])).enumerate() {
+                if margins[i] >= 2.0 * rel * absmax {
+                    assert_eq!(*a, b, "{name} prompt {p} via CLI: argmax at {i}");
+                }
+            }
+        }
+        for entry in g["generation"].as_array().unwrap() {
+            let p = entry["prompt_index"].as_u64().unwrap() as usize;
+            let absmax = g["prompts"][p]["last_logits_absmax"].as_f64().unwrap() as f32;
+            let want = as_u32s(&entry["new_ids"]);
+            let n = want.len().to_string();
+            let prompt_ids = csv(&as_u32s(&entry["prompt_ids"]));
+            let out = strata(&[
+                "run",
+                "--model",
+                dir,
+                "--ids",
+                &prompt_ids,
+                "--max-tokens",
+                &n,
+                "--temperature",
+                "0",
+                "--ignore-eos",
+                "--output",
+                "json",
+            ]);
+            let got = as_u32s(&out["token_ids"]);
+            let margins = as_f32s(&entry["step_top2_margin"]);
+            let checked = margins
+                .iter()
+                .position(|&m| m < 2.0 * rel * absmax)
+                .map_or(want.len(), |i| i + 1);
+            assert_eq!(
+                &got[..checked],
+                &want[..checked],
+                "{name} generation via CLI"
+            );
+            assert!(out["text"].is_string());
+        }
+    }
+}
+
+#[test]
+fn tokenize_and_detokenize_through_the_binary_match_goldens() {
+    for name in BF16_MODELS {
+        let dir = fixture(name);
+        let dir = dir.to_str().unwrap();
+        let g = golden(name);
+        for case in g["tokenizer"].as_array().unwrap() {
+            let text = case["text"].as_str().unwrap();
+            let out = strata(&["tokenize", "--model", dir, "--text", text]);
+            assert_eq!(
+                as_u32s(&out["ids"]),
+                as_u32s(&case["ids"]),
+                "{name}: tokenize {text:?}"
+            );
+            let out = strata(&["tokenize", "--model", dir, "--text", text, "--add-special"]);
+            assert_eq!(
+                as_u32s(&out["ids"]),
+                as_u32s(&case["ids_add_special_tokens"]),
+                "{name}: {text:?} +special"
+            );
+            let ids = csv(&as_u32s(&case["ids"]));
+            if !ids.is_empty() {
+                let out = strata(&["detokenize", "--model", dir, "--ids", &ids]);
+                assert_eq!(out["text"], case["decoded"], "{name}: detokenize {text:?}");
+                let out = strata(&[
+                    "detokenize",
+                    "--model",
+                    dir,
+                    "--ids",
+                    &ids,
+                    "--skip-special",
+                ]);
+                assert_eq!(
+                    out["text"], case["decoded_skip_special"],
+                    "{name}: detokenize --skip-special {text:?}"
+                );
+            }
+        }
+        let tmp =
+            std::env::temp_dir().join(format!("strata-chat-{}-{name}.json", std::process::id()));
+        for case in g["chat_template"].as_array().unwrap() {
+            std::fs::write(&tmp, serde_json::to_string(&case["messages"]).unwrap()).unwrap();
+            let mut args = vec!["tokenize", "--model", dir, "--chat", tmp.to_str().unwrap()];
+            if case["add_generation_prompt"].as_bool().unwrap() {
+                args.push("--add-generation-prompt");
+            }
+            let kwargs = serde_json::to_string(&case["extra_template_kwargs"]).unwrap();
+            args.extend(["--template-kwargs", &kwargs]);
+            let out = strata(&args);
+            assert_eq!(out["text"], case["rendered"], "{name}: chat rendering");
+            assert_eq!(
+                as_u32s(&out["ids"]),
+                as_u32s(&case["ids"]),
+                "{name}: chat ids"
+            );
+        }
+        let _ = std::fs::remove_file(&tmp);
+    }
+}
+
+#[test]
+fn tokenizer_commands_work_on_a_folder_with_only_tokenizer_files() {
+    let dir = fixture("tokenizers/qwen3");
+    let dir = dir.to_str().unwrap();
+    let out = strata(&["tokenize", "--model", dir, "--text", "Hello world"]);
+    let ids = as_u32s(&out["ids"]);
+    assert!(!ids.is_empty());
+    let out = strata(&["detokenize", "--model", dir, "--ids", &csv(&ids)]);
+    assert_eq!(out["text"], "Hello world");
+}
