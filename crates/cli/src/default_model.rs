@@ -8,10 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 
 const FILES: &[(&str, &[u8])] = &[
-    (
-        "config.json",
-        include_bytes!("../default-model/config.json"),
-    ),
+    ("config.json", include_bytes!("../default-model/config.json")),
     (
         "generation_config.json",
         include_bytes!("../default-model/generation_config.json"),
@@ -78,18 +75,13 @@ pub fn path() -> Result<PathBuf> {
     }
     let parent = dir.parent().expect("cache dir has a parent");
     std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
-    let tmp = parent.join(format!(
-        ".default-model-{}.{}",
-        fingerprint(),
-        std::process::id()
-    ));
+    let tmp = parent.join(format!(".default-model-{}.{}", fingerprint(), std::process::id()));
     write_all(&tmp).with_context(|| format!("writing the embedded model to {}", tmp.display()))?;
     if let Err(e) = std::fs::rename(&tmp, &dir) {
         let _ = std::fs::remove_dir_all(&tmp);
         // Another process may have won the race; its copy is identical.
         if !dir.join("config.json").exists() {
-            return Err(e)
-                .with_context(|| format!("moving the embedded model to {}", dir.display()));
+            return Err(e).with_context(|| format!("moving the embedded model to {}", dir.display()));
         }
     }
     Ok(dir)

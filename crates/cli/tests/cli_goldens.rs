@@ -5,7 +5,7 @@ use std::process::Command;
 
 use serde_json::Value;
 use strata_testkit::{
-    as_f32s, as_u32s, check_last_logits, fixture, golden, rel_tolerance, BF16_MODELS,
+    as_f32s, as_u32s, check_last_logits, fixture, golden, rel_tolerance, BF16_MODELS, QUANTIZED_MODELS,
 };
 
 fn strata(args: &[&str]) -> Value {
@@ -23,15 +23,12 @@ fn strata(args: &[&str]) -> Value {
 }
 
 fn csv(ids: &[u32]) -> String {
-    ids.iter()
-        .map(|i| i.to_string())
-        .collect::<Vec<_>>()
-        .join(",")
+    ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",")
 }
 
 #[test]
 fn logits_and_run_through_the_binary_match_goldens() {
-    for name in BF16_MODELS {
+    for name in BF16_MODELS.iter().chain(QUANTIZED_MODELS) {
         let dir = fixture(name);
         let dir = dir.to_str().unwrap();
         let g = golden(name);
@@ -82,11 +79,7 @@ fn logits_and_run_through_the_binary_match_goldens() {
                 .iter()
                 .position(|&m| m < 2.0 * rel * absmax)
                 .map_or(want.len(), |i| i + 1);
-            assert_eq!(
-                &got[..checked],
-                &want[..checked],
-                "{name} generation via CLI"
-            );
+            assert_eq!(&got[..checked], &want[..checked], "{name} generation via CLI");
             assert!(out["text"].is_string());
         }
     }
@@ -116,22 +109,14 @@ fn tokenize_and_detokenize_through_the_binary_match_goldens() {
             if !ids.is_empty() {
                 let out = strata(&["detokenize", "--model", dir, "--ids", &ids]);
                 assert_eq!(out["text"], case["decoded"], "{name}: detokenize {text:?}");
-                let out = strata(&[
-                    "detokenize",
-                    "--model",
-                    dir,
-                    "--ids",
-                    &ids,
-                    "--skip-special",
-                ]);
+                let out = strata(&["detokenize", "--model", dir, "--ids", &ids, "--skip-special"]);
                 assert_eq!(
                     out["text"], case["decoded_skip_special"],
                     "{name}: detokenize --skip-special {text:?}"
                 );
             }
         }
-        let tmp =
-            std::env::temp_dir().join(format!("strata-chat-{}-{name}.json", std::process::id()));
+        let tmp = std::env::temp_dir().join(format!("strata-chat-{}-{name}.json", std::process::id()));
         for case in g["chat_template"].as_array().unwrap() {
             std::fs::write(&tmp, serde_json::to_string(&case["messages"]).unwrap()).unwrap();
             let mut args = vec!["tokenize", "--model", dir, "--chat", tmp.to_str().unwrap()];
@@ -142,11 +127,7 @@ fn tokenize_and_detokenize_through_the_binary_match_goldens() {
             args.extend(["--template-kwargs", &kwargs]);
             let out = strata(&args);
             assert_eq!(out["text"], case["rendered"], "{name}: chat rendering");
-            assert_eq!(
-                as_u32s(&out["ids"]),
-                as_u32s(&case["ids"]),
-                "{name}: chat ids"
-            );
+            assert_eq!(as_u32s(&out["ids"]), as_u32s(&case["ids"]), "{name}: chat ids");
         }
         let _ = std::fs::remove_file(&tmp);
     }

@@ -64,10 +64,9 @@ fn expect_error(dir: &Path, needles: &[&str]) {
 }
 
 fn shard_names(dir: &Path) -> Vec<String> {
-    let index: Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.join("model.safetensors.index.json")).unwrap(),
-    )
-    .unwrap();
+    let index: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("model.safetensors.index.json")).unwrap())
+            .unwrap();
     let mut names: Vec<String> = index["weight_map"]
         .as_object()
         .unwrap()
@@ -134,8 +133,8 @@ fn overlapping_tensor_offsets() {
         let first = h[&names[0]]["data_offsets"].clone();
         let len0 = first[1].as_u64().unwrap() - first[0].as_u64().unwrap();
         let second = &names[1];
-        let len1 = h[second]["data_offsets"][1].as_u64().unwrap()
-            - h[second]["data_offsets"][0].as_u64().unwrap();
+        let len1 =
+            h[second]["data_offsets"][1].as_u64().unwrap() - h[second]["data_offsets"][0].as_u64().unwrap();
         assert_eq!(len0, len1, "test expects equally sized neighbours");
         h[second]["data_offsets"] = first;
         victim = second.clone();

@@ -57,9 +57,10 @@ impl ExpertStore for ResidentStore {
     ) -> Result<Vec<Arc<Expert>>, Box<dyn std::error::Error + Send + Sync>> {
         ids.iter()
             .map(|&e| {
-                self.experts.get(&(layer, e)).cloned().ok_or_else(|| {
-                    format!("expert {e} of layer {layer} is not in the checkpoint").into()
-                })
+                self.experts
+                    .get(&(layer, e))
+                    .cloned()
+                    .ok_or_else(|| format!("expert {e} of layer {layer} is not in the checkpoint").into())
             })
             .collect()
     }

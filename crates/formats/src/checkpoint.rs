@@ -8,7 +8,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use crate::safetensors::{parse_header, TensorInfo};
-use crate::{DType, FormatError, Result};
+use crate::{DType, FormatError, QuantizationConfig, Result};
 
 #[derive(Clone, Debug)]
 pub struct TensorEntry {
@@ -25,6 +25,7 @@ pub struct Checkpoint {
     dir: PathBuf,
     shards: Vec<Shard>,
     tensors: HashMap<String, TensorEntry>,
+    quantization: Option<QuantizationConfig>,
 }
 
 impl std::fmt::Debug for Checkpoint {
@@ -52,9 +53,7 @@ impl Checkpoint {
         } else {
             return Err(FormatError::BadCheckpoint {
                 dir: dir.to_path_buf(),
-                reason: format!(
-                    "no {INDEX_FILE} and no {SINGLE_FILE}: not a safetensors checkpoint"
-                ),
+                reason: format!("no {INDEX_FILE} and no {SINGLE_FILE}: not a safetensors checkpoint"),
             });
         };
 
@@ -91,10 +90,7 @@ impl Checkpoint {
             shards.push(Shard { path, file });
         }
         if let Some(map) = &weight_map {
-            let mut missing: Vec<_> = map
-                .iter()
-                .filter(|(t, _)| !tensors.contains_key(*t))
-                .collect();
+            let mut missing: Vec<_> = map.iter().filter(|(t, _)| !tensors.contains_key(*t)).collect();
             missing.sort();
             if let Some((tensor, shard)) = missing.first() {
                 return Err(FormatError::BadTensor {
@@ -111,7 +107,18 @@ impl Checkpoint {
             dir: dir.to_path_buf(),
             shards,
             tensors,
+            quantization: None,
         })
+    }
+
+    /// Attaches config.json's `quantization_config` (block and group sizes of quantized tensors).
+    pub fn with_quantization(mut self, q: Option<QuantizationConfig>) -> Checkpoint {
+        self.quantization = q;
+        self
+    }
+
+    pub fn quantization(&self) -> Option<&QuantizationConfig> {
+        self.quantization.as_ref()
     }
 
     pub fn dir(&self) -> &Path {
@@ -123,12 +130,10 @@ impl Checkpoint {
     }
 
     pub fn entry(&self, name: &str) -> Result<&TensorEntry> {
-        self.tensors
-            .get(name)
-            .ok_or_else(|| FormatError::MissingTensor {
-                dir: self.dir.clone(),
-                tensor: name.to_string(),
-            })
+        self.tensors.get(name).ok_or_else(|| FormatError::MissingTensor {
+            dir: self.dir.clone(),
+            tensor: name.to_string(),
+        })
     }
 
     pub fn shard_path(&self, shard: usize) -> &Path {
@@ -220,11 +225,10 @@ pub fn bytes_to_f32(bytes: &[u8], dtype: DType) -> Vec<f32> {
 
 fn read_index(path: &Path) -> Result<(Vec<String>, HashMap<String, String>)> {
     let text = std::fs::read_to_string(path).map_err(|e| FormatError::io(path, e))?;
-    let value: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| FormatError::BadJson {
-            path: path.to_path_buf(),
-            reason: format!("not valid JSON: {e}"),
-        })?;
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| FormatError::BadJson {
+        path: path.to_path_buf(),
+        reason: format!("not valid JSON: {e}"),
+    })?;
     let map = value
         .get("weight_map")
         .and_then(|m| m.as_object())

@@ -58,9 +58,10 @@ impl JsonConfig {
     pub fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_u64().map(|n| Some(n as usize)).ok_or_else(|| {
-                self.err(key, format!("expected a non-negative integer, found {v}"))
-            }),
+            Some(v) => v
+                .as_u64()
+                .map(|n| Some(n as usize))
+                .ok_or_else(|| self.err(key, format!("expected a non-negative integer, found {v}"))),
         }
     }
 
@@ -164,9 +165,7 @@ impl GenerationConfig {
     pub fn read(path: &Path) -> Result<GenerationConfig> {
         let cfg = JsonConfig::read(path)?;
         Ok(GenerationConfig {
-            bos_token_id: cfg
-                .opt_id_list("bos_token_id")?
-                .and_then(|v| v.first().copied()),
+            bos_token_id: cfg.opt_id_list("bos_token_id")?.and_then(|v| v.first().copied()),
             eos_token_ids: cfg.opt_id_list("eos_token_id")?.unwrap_or_default(),
             do_sample: cfg.opt_bool("do_sample")?,
             temperature: cfg.opt_f64("temperature")?,
@@ -184,11 +183,7 @@ mod tests {
 
     #[test]
     fn errors_name_file_and_key() {
-        let c = JsonConfig::parse(
-            Path::new("config.json"),
-            r#"{"a": 1, "b": "x", "e": [1, 2]}"#,
-        )
-        .unwrap();
+        let c = JsonConfig::parse(Path::new("config.json"), r#"{"a": 1, "b": "x", "e": [1, 2]}"#).unwrap();
         assert_eq!(c.usize("a").unwrap(), 1);
         let e = c.usize("missing").unwrap_err().to_string();
         assert!(e.contains("config.json") && e.contains("`missing`"), "{e}");

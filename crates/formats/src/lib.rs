@@ -7,12 +7,14 @@ mod checkpoint;
 mod config;
 mod dtype;
 mod error;
+mod quant;
 mod safetensors;
 
 pub use checkpoint::{bytes_to_f32, Checkpoint, TensorEntry, INDEX_FILE, SINGLE_FILE};
 pub use config::{GenerationConfig, JsonConfig};
 pub use dtype::DType;
 pub use error::FormatError;
+pub use quant::QuantizationConfig;
 pub use safetensors::{parse_header, ShardHeader, TensorInfo};
 
 pub type Result<T, E = FormatError> = std::result::Result<T, E>;

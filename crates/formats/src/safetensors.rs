@@ -73,18 +73,13 @@ pub fn parse_header(path: &Path) -> Result<ShardHeader> {
     parse_header_json(path, &header, data_start, file_len)
 }
 
-fn parse_header_json(
-    path: &Path,
-    header: &[u8],
-    data_start: u64,
-    file_len: u64,
-) -> Result<ShardHeader> {
+fn parse_header_json(path: &Path, header: &[u8], data_start: u64, file_len: u64) -> Result<ShardHeader> {
     let bad = |reason: String| FormatError::BadSafetensors {
         path: path.to_path_buf(),
         reason,
     };
-    let value: serde_json::Value = serde_json::from_slice(header)
-        .map_err(|e| bad(format!("header is not valid JSON: {e}")))?;
+    let value: serde_json::Value =
+        serde_json::from_slice(header).map_err(|e| bad(format!("header is not valid JSON: {e}")))?;
     let object = value
         .as_object()
         .ok_or_else(|| bad("header is not a JSON object".into()))?;
@@ -149,8 +144,8 @@ fn parse_entry(
         .get("dtype")
         .and_then(|v| v.as_str())
         .ok_or_else(|| bad("missing `dtype`".into()))?;
-    let dtype = DType::from_safetensors(dtype_name)
-        .ok_or_else(|| bad(format!("unknown dtype `{dtype_name}`")))?;
+    let dtype =
+        DType::from_safetensors(dtype_name).ok_or_else(|| bad(format!("unknown dtype `{dtype_name}`")))?;
     let shape = entry
         .get("shape")
         .and_then(|v| v.as_array())
@@ -166,16 +161,10 @@ fn parse_entry(
         .ok_or_else(|| bad("missing `data_offsets` [begin, end]".into()))?;
     let (begin, end) = match (offsets[0].as_u64(), offsets[1].as_u64()) {
         (Some(b), Some(e)) => (b, e),
-        _ => {
-            return Err(bad(
-                "`data_offsets` must be two non-negative integers".into()
-            ))
-        }
+        _ => return Err(bad("`data_offsets` must be two non-negative integers".into())),
     };
     if end < begin {
-        return Err(bad(format!(
-            "data_offsets [{begin}, {end}] end before begin"
-        )));
+        return Err(bad(format!("data_offsets [{begin}, {end}] end before begin")));
     }
     let numel = shape
         .iter()
@@ -211,12 +200,7 @@ mod tests {
 
     fn header(json: &str, file_len: u64) -> Result<ShardHeader> {
         let data_start = 8 + json.len() as u64;
-        parse_header_json(
-            Path::new("x.safetensors"),
-            json.as_bytes(),
-            data_start,
-            file_len,
-        )
+        parse_header_json(Path::new("x.safetensors"), json.as_bytes(), data_start, file_len)
     }
 
     #[test]
@@ -233,11 +217,7 @@ mod tests {
 
     #[test]
     fn rejects_size_mismatch_overlap_and_out_of_range() {
-        let e = header(
-            r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}}"#,
-            200,
-        )
-        .unwrap_err();
+        let e = header(r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}}"#, 200).unwrap_err();
         assert!(
             e.to_string().contains("`a`") && e.to_string().contains("needs 8"),
             "{e}"

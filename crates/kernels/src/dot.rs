@@ -62,8 +62,17 @@ pub fn bf16_to_f32(bits: u16) -> f32 {
     f32::from_bits((bits as u32) << 16)
 }
 
+/// Whether the AVX2 kernels can run (they use AVX2, FMA and F16C).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn has_avx2_fma_f16c() -> bool {
+    std::is_x86_feature_detected!("avx2")
+        && std::is_x86_feature_detected!("fma")
+        && std::is_x86_feature_detected!("f16c")
+}
+
+/// Pairwise sum of 8 lanes in a fixed order (shared by the scalar and SIMD variants).
 #[inline]
-fn tree8(a: [f32; 8]) -> f32 {
+pub(crate) fn tree8(a: [f32; 8]) -> f32 {
     ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]))
 }
 
@@ -103,12 +112,23 @@ pub fn dot_f16(w: &[u16], x: &[f32]) -> f32 {
     }))(w, x)
 }
 
+/// Horizontal sum of an AVX register, in the same order as [`tree8`].
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx")]
+pub(crate) fn hsum256(v: std::arch::x86_64::__m256) -> f32 {
+    let mut lanes = [0f32; 8];
+    // SAFETY: the store writes 8 f32 into a local array of 8.
+    unsafe { std::arch::x86_64::_mm256_storeu_ps(lanes.as_mut_ptr(), v) };
+    tree8(lanes)
+}
+
 #[cfg(target_arch = "x86_64")]
 pub mod x86 {
     //! AVX2+FMA variants. Callers reach them only after feature detection.
     use std::arch::x86_64::*;
 
-    use super::{bf16_to_f32, tree8};
+    use super::bf16_to_f32;
 
     pub fn dot_f32_avx2_entry(w: &[f32], x: &[f32]) -> f32 {
         // SAFETY: selected only when avx2 and fma were detected.
@@ -121,14 +141,6 @@ pub mod x86 {
     pub fn dot_f16_avx2_entry(w: &[u16], x: &[f32]) -> f32 {
         // SAFETY: selected only when avx2, fma and f16c were detected.
         unsafe { dot_f16_avx2(w, x) }
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn hsum(v: __m256) -> f32 {
-        let mut lanes = [0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), v);
-        tree8(lanes)
     }
 
     #[target_feature(enable = "avx2,fma")]
@@ -158,7 +170,7 @@ pub mod x86 {
             );
             i += 8;
         }
-        let mut sum = hsum(_mm256_add_ps(a0, a1));
+        let mut sum = super::hsum256(_mm256_add_ps(a0, a1));
         while i < n {
             sum += w[i] * x[i];
             i += 1;
@@ -200,7 +212,7 @@ pub mod x86 {
             );
             i += 8;
         }
-        let mut sum = hsum(_mm256_add_ps(a0, a1));
+        let mut sum = super::hsum256(_mm256_add_ps(a0, a1));
         while i < n {
             sum += bf16_to_f32(w[i]) * x[i];
             i += 1;
@@ -219,7 +231,7 @@ pub mod x86 {
             a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(h), _mm256_loadu_ps(x.as_ptr().add(i)), a0);
             i += 8;
         }
-        let mut sum = hsum(a0);
+        let mut sum = super::hsum256(a0);
         while i < n {
             sum += half::f16::from_bits(w[i]).to_f32() * x[i];
             i += 1;
@@ -255,14 +267,8 @@ mod tests {
         for n in [0, 1, 7, 8, 9, 15, 16, 17, 31, 33, 100, 257, 1000] {
             let x = values(n, 1 + n as u64);
             let wf = values(n, 1000 + n as u64);
-            let wb: Vec<u16> = wf
-                .iter()
-                .map(|v| half::bf16::from_f32(*v).to_bits())
-                .collect();
-            let wh: Vec<u16> = wf
-                .iter()
-                .map(|v| half::f16::from_f32(*v).to_bits())
-                .collect();
+            let wb: Vec<u16> = wf.iter().map(|v| half::bf16::from_f32(*v).to_bits()).collect();
+            let wh: Vec<u16> = wf.iter().map(|v| half::f16::from_f32(*v).to_bits()).collect();
             assert!(
                 close(dot_f32(&wf, &x), dot_f32_reference(&wf, &x), n),
                 "f32 n={n}"

@@ -5,8 +5,15 @@
 //! Matrix products are batch invariant: each output element is one dot product computed by the
 //! same kernel whatever the number of tokens, so a sequence's logits never depend on its batch.
 
+// Kernels index several arrays in lockstep; index loops read better than zipped iterators here.
+#![allow(clippy::needless_range_loop)]
+
 pub mod dot;
+pub mod fp8;
+pub mod int4;
+pub mod int8;
 mod linear;
+pub mod mxfp4;
 
 pub use linear::{Linear, WeightData};
 

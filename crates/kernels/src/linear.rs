@@ -4,13 +4,34 @@
 
 use rayon::prelude::*;
 
-use crate::dot;
+use crate::{dot, fp8, int4, int8, mxfp4};
 
+/// A weight matrix's bytes in the format the checkpoint stores. Shapes in comments are for a
+/// (out, in) matrix.
 #[derive(Clone, Debug)]
 pub enum WeightData {
+    /// (out, in)
     F32(Vec<f32>),
+    /// (out, in) BF16 bits
     Bf16(Vec<u16>),
+    /// (out, in) F16 bits
     F16(Vec<u16>),
+    /// FP8 E4M3 (out, in) + f32 scales (ceil(out/bo), ceil(in/bi)) for blocks (bo, bi).
+    Fp8 {
+        w: Vec<u8>,
+        scales: Vec<f32>,
+        block: (usize, usize),
+    },
+    /// INT4 pack-quantized: words (out, ceil(in/8)) + BF16 scales (out, ceil(in/group)).
+    Int4 {
+        packed: Vec<u32>,
+        scales: Vec<u16>,
+        group: usize,
+    },
+    /// MXFP4: bytes (out, ceil(in/2)) + E8M0 scales (out, ceil(in/32)).
+    Mxfp4 { packed: Vec<u8>, scales: Vec<u8> },
+    /// INT8: (out, in) + f32 scale per row (out,).
+    Int8 { w: Vec<i8>, scales: Vec<f32> },
 }
 
 impl WeightData {
@@ -28,17 +49,62 @@ impl WeightData {
                 .collect(),
         )
     }
-    fn len(&self) -> usize {
+    /// Checks that the buffers fit a (out, in) matrix; says what does not.
+    pub fn check_shape(&self, out_dim: usize, in_dim: usize) -> Result<(), String> {
+        let want = |what: &str, got: usize, need: usize| {
+            if got == need {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{what} holds {got} elements, ({out_dim}, {in_dim}) needs {need}"
+                ))
+            }
+        };
         match self {
-            WeightData::F32(v) => v.len(),
-            WeightData::Bf16(v) | WeightData::F16(v) => v.len(),
+            WeightData::F32(v) => want("weight", v.len(), out_dim * in_dim),
+            WeightData::Bf16(v) | WeightData::F16(v) => want("weight", v.len(), out_dim * in_dim),
+            WeightData::Fp8 { w, scales, block } => {
+                if block.0 == 0 || block.1 == 0 {
+                    return Err("block size must be positive".into());
+                }
+                want("weight", w.len(), out_dim * in_dim)?;
+                want(
+                    "scales",
+                    scales.len(),
+                    out_dim.div_ceil(block.0) * in_dim.div_ceil(block.1),
+                )
+            }
+            WeightData::Int4 {
+                packed,
+                scales,
+                group,
+            } => {
+                if *group == 0 {
+                    return Err("group size must be positive".into());
+                }
+                want("packed weight", packed.len(), out_dim * in_dim.div_ceil(8))?;
+                want("scales", scales.len(), out_dim * in_dim.div_ceil(*group))
+            }
+            WeightData::Mxfp4 { packed, scales } => {
+                want("packed weight", packed.len(), out_dim * in_dim.div_ceil(2))?;
+                want("scales", scales.len(), out_dim * in_dim.div_ceil(mxfp4::GROUP))
+            }
+            WeightData::Int8 { w, scales } => {
+                want("weight", w.len(), out_dim * in_dim)?;
+                want("scales", scales.len(), out_dim)
+            }
         }
     }
+
     pub fn format_name(&self) -> &'static str {
         match self {
             WeightData::F32(_) => "F32",
             WeightData::Bf16(_) => "BF16",
             WeightData::F16(_) => "F16",
+            WeightData::Fp8 { .. } => "FP8-E4M3 block-scaled",
+            WeightData::Int4 { .. } => "INT4 pack-quantized",
+            WeightData::Mxfp4 { .. } => "MXFP4",
+            WeightData::Int8 { .. } => "INT8 per-row",
         }
     }
 }
@@ -62,14 +128,12 @@ const PARALLEL_MIN_WORK: usize = 1 << 17;
 const ROWS_PER_TASK: usize = 16;
 
 impl Linear {
+    /// Panics when the buffers do not fit the shape (loaders check with
+    /// [`WeightData::check_shape`] first and report the tensor at fault).
     pub fn new(out_dim: usize, in_dim: usize, data: WeightData) -> Linear {
-        assert_eq!(
-            data.len(),
-            out_dim * in_dim,
-            "weight holds {} elements, shape ({out_dim}, {in_dim}) needs {}",
-            data.len(),
-            out_dim * in_dim
-        );
+        if let Err(e) = data.check_shape(out_dim, in_dim) {
+            panic!("Linear::new: {e}");
+        }
         Linear {
             out_dim,
             in_dim,
@@ -86,17 +150,45 @@ impl Linear {
         match &self.data {
             WeightData::F32(v) => v.len() * 4,
             WeightData::Bf16(v) | WeightData::F16(v) => v.len() * 2,
+            WeightData::Fp8 { w, scales, .. } => w.len() + scales.len() * 4,
+            WeightData::Int4 { packed, scales, .. } => packed.len() * 4 + scales.len() * 2,
+            WeightData::Mxfp4 { packed, scales } => packed.len() + scales.len(),
+            WeightData::Int8 { w, scales } => w.len() + scales.len() * 4,
         }
     }
 
     /// y[r] = W[r,:] . x
     #[inline]
     pub fn row_dot(&self, r: usize, x: &[f32]) -> f32 {
-        let (a, b) = (r * self.in_dim, (r + 1) * self.in_dim);
+        let n = self.in_dim;
+        let (a, b) = (r * n, (r + 1) * n);
         match &self.data {
             WeightData::F32(w) => dot::dot_f32(&w[a..b], x),
             WeightData::Bf16(w) => dot::dot_bf16(&w[a..b], x),
             WeightData::F16(w) => dot::dot_f16(&w[a..b], x),
+            WeightData::Fp8 { w, scales, block } => {
+                let per_row = n.div_ceil(block.1);
+                let s = (r / block.0) * per_row;
+                fp8::dot_fp8(&w[a..b], &scales[s..s + per_row], block.1, x)
+            }
+            WeightData::Int4 {
+                packed,
+                scales,
+                group,
+            } => {
+                let (wr, sr) = (n.div_ceil(8), n.div_ceil(*group));
+                int4::dot_int4(
+                    &packed[r * wr..(r + 1) * wr],
+                    &scales[r * sr..(r + 1) * sr],
+                    *group,
+                    x,
+                )
+            }
+            WeightData::Mxfp4 { packed, scales } => {
+                let (wr, sr) = (n.div_ceil(2), n.div_ceil(mxfp4::GROUP));
+                mxfp4::dot_mxfp4(&packed[r * wr..(r + 1) * wr], &scales[r * sr..(r + 1) * sr], x)
+            }
+            WeightData::Int8 { w, scales } => int8::dot_int8(&w[a..b], scales[r], x),
         }
     }
 
@@ -107,22 +199,13 @@ impl Linear {
 
     /// X (T,in) -> Y (T,out), Y[t] = W @ X[t]; each element is one `row_dot`, whatever T is.
     pub fn matmul(&self, xs: &[f32], n_tokens: usize, ys: &mut [f32]) {
-        assert_eq!(
-            xs.len(),
-            n_tokens * self.in_dim,
-            "matmul input is not (T, in)"
-        );
-        assert_eq!(
-            ys.len(),
-            n_tokens * self.out_dim,
-            "matmul output is not (T, out)"
-        );
+        assert_eq!(xs.len(), n_tokens * self.in_dim, "matmul input is not (T, in)");
+        assert_eq!(ys.len(), n_tokens * self.out_dim, "matmul output is not (T, out)");
         let work = self.out_dim * self.in_dim * n_tokens;
         if work < PARALLEL_MIN_WORK || crate::threads() == 1 {
             for r in 0..self.out_dim {
                 for t in 0..n_tokens {
-                    ys[t * self.out_dim + r] =
-                        self.row_dot(r, &xs[t * self.in_dim..(t + 1) * self.in_dim]);
+                    ys[t * self.out_dim + r] = self.row_dot(r, &xs[t * self.in_dim..(t + 1) * self.in_dim]);
                 }
             }
             return;
@@ -151,22 +234,80 @@ impl Linear {
         }
     }
 
-    /// One row as f32 (embedding lookups).
-    pub fn row_f32(&self, r: usize) -> Vec<f32> {
-        let (a, b) = (r * self.in_dim, (r + 1) * self.in_dim);
-        match &self.data {
-            WeightData::F32(w) => w[a..b].to_vec(),
-            WeightData::Bf16(w) => w[a..b].iter().map(|v| dot::bf16_to_f32(*v)).collect(),
-            WeightData::F16(w) => w[a..b]
-                .iter()
-                .map(|v| half::f16::from_bits(*v).to_f32())
-                .collect(),
+    /// W[rows] (n, in) @ x (in,) -> y (n,): a block of rows, e.g. one head of a fused projection.
+    pub fn matvec_rows(&self, rows: std::ops::Range<usize>, x: &[f32], y: &mut [f32]) {
+        assert_eq!(y.len(), rows.len());
+        for (o, r) in y.iter_mut().zip(rows) {
+            *o = self.row_dot(r, x);
         }
     }
 
-    /// The whole matrix as f32 (for small weights that are reshaped at load time).
-    pub fn to_f32(&self) -> Vec<f32> {
-        (0..self.out_dim).flat_map(|r| self.row_f32(r)).collect()
+    /// W[rows]^T (in, n) @ q (n,) -> y (in,): y = sum_r q[r] * W[r,:], rows taken in order.
+    pub fn matvec_rows_transposed(&self, rows: std::ops::Range<usize>, q: &[f32], y: &mut [f32]) {
+        assert_eq!(q.len(), rows.len());
+        assert_eq!(y.len(), self.in_dim);
+        y.iter_mut().for_each(|v| *v = 0.0);
+        let mut row = vec![0f32; self.in_dim];
+        for (&a, r) in q.iter().zip(rows) {
+            self.decode_row(r, &mut row);
+            for (o, w) in y.iter_mut().zip(&row) {
+                *o += a * w;
+            }
+        }
+    }
+
+    /// Row r widened to f32 into `out` (in,).
+    pub fn decode_row(&self, r: usize, out: &mut [f32]) {
+        let n = self.in_dim;
+        let (a, b) = (r * n, (r + 1) * n);
+        match &self.data {
+            WeightData::F32(w) => out.copy_from_slice(&w[a..b]),
+            WeightData::Bf16(w) => out
+                .iter_mut()
+                .zip(&w[a..b])
+                .for_each(|(o, v)| *o = dot::bf16_to_f32(*v)),
+            WeightData::F16(w) => out
+                .iter_mut()
+                .zip(&w[a..b])
+                .for_each(|(o, v)| *o = half::f16::from_bits(*v).to_f32()),
+            WeightData::Fp8 { w, scales, block } => {
+                let per_row = n.div_ceil(block.1);
+                let s = &scales[(r / block.0) * per_row..];
+                for (j, o) in out.iter_mut().enumerate() {
+                    *o = fp8::e4m3_to_f32(w[a + j]) * s[j / block.1];
+                }
+            }
+            WeightData::Int4 {
+                packed,
+                scales,
+                group,
+            } => {
+                let (wr, sr) = (n.div_ceil(8), n.div_ceil(*group));
+                let (p, s) = (&packed[r * wr..(r + 1) * wr], &scales[r * sr..(r + 1) * sr]);
+                for (j, o) in out.iter_mut().enumerate() {
+                    *o = int4::int4_at(p, j) as f32 * dot::bf16_to_f32(s[j / group]);
+                }
+            }
+            WeightData::Mxfp4 { packed, scales } => {
+                let (wr, sr) = (n.div_ceil(2), n.div_ceil(mxfp4::GROUP));
+                let (p, s) = (&packed[r * wr..(r + 1) * wr], &scales[r * sr..(r + 1) * sr]);
+                for (j, o) in out.iter_mut().enumerate() {
+                    *o = mxfp4::E2M1[mxfp4::code_at(p, j) as usize] * mxfp4::e8m0_to_f32(s[j / mxfp4::GROUP]);
+                }
+            }
+            WeightData::Int8 { w, scales } => {
+                for (o, q) in out.iter_mut().zip(&w[a..b]) {
+                    *o = *q as f32 * scales[r];
+                }
+            }
+        }
+    }
+
+    /// One row as f32 (embedding lookups).
+    pub fn row_f32(&self, r: usize) -> Vec<f32> {
+        let mut out = vec![0f32; self.in_dim];
+        self.decode_row(r, &mut out);
+        out
     }
 }
 

@@ -35,10 +35,7 @@ impl KvCache {
 
     /// Bytes held (what `--mem` will count).
     pub fn bytes(&self) -> usize {
-        self.layers
-            .iter()
-            .map(|l| (l.k.len() + l.v.len()) * 4)
-            .sum()
+        self.layers.iter().map(|l| (l.k.len() + l.v.len()) * 4).sum()
     }
 
     /// Drops every position at and after `len` (to rewind a sequence).

@@ -61,11 +61,7 @@ impl Model for Decoder {
         }))
     }
 
-    fn forward(
-        &self,
-        batch: &mut [SeqInput<'_>],
-        mut trace: Option<&mut Trace>,
-    ) -> Result<Vec<Vec<f32>>> {
+    fn forward(&self, batch: &mut [SeqInput<'_>], mut trace: Option<&mut Trace>) -> Result<Vec<Vec<f32>>> {
         let d = self.info.hidden_dim;
         let vocab = self.embed.out_dim;
         let n_tokens: usize = batch.iter().map(|s| s.tokens.len()).sum();

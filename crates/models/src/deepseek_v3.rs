@@ -83,8 +83,7 @@ impl Config {
                 ));
             }
         }
-        if !c.n_routed.is_multiple_of(c.n_group) || c.topk_group > c.n_group || c.top_k > c.n_routed
-        {
+        if !c.n_routed.is_multiple_of(c.n_group) || c.topk_group > c.n_group || c.top_k > c.n_routed {
             return Err(bad_config(
                 cfg,
                 format!(
@@ -117,11 +116,7 @@ pub fn expert_layout(cfg: &JsonConfig) -> Result<ExpertLayout> {
     })
 }
 
-pub fn load(
-    cfg: &JsonConfig,
-    ckpt: &Checkpoint,
-    stores: StoreFactory<'_>,
-) -> Result<Box<dyn Model>> {
+pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, stores: StoreFactory<'_>) -> Result<Box<dyn Model>> {
     let c = Config::read(cfg)?;
     let layout = expert_layout(cfg)?;
     let store = stores(&layout)?;
@@ -153,13 +148,6 @@ pub fn load(
                 c.hidden,
             )?),
         };
-        let kv_b = load_linear(
-            ckpt,
-            &format!("{a}.kv_b_proj"),
-            c.n_heads * (c.nope + c.v),
-            c.kv_lora,
-        )?;
-        let (uk_t, uv) = MlaAttention::split_kv_b(&kv_b, c.n_heads, c.nope, c.v);
         let attn = MlaAttention {
             q,
             kv_a: load_linear(
@@ -169,8 +157,12 @@ pub fn load(
                 c.hidden,
             )?,
             kv_a_norm: load_vector(ckpt, &format!("{a}.kv_a_layernorm.weight"), c.kv_lora)?,
-            uk_t,
-            uv,
+            kv_b: load_linear(
+                ckpt,
+                &format!("{a}.kv_b_proj"),
+                c.n_heads * (c.nope + c.v),
+                c.kv_lora,
+            )?,
             o: load_linear(ckpt, &format!("{a}.o_proj"), c.hidden, c.n_heads * c.v)?,
             n_heads: c.n_heads,
             nope_dim: c.nope,
@@ -208,10 +200,7 @@ pub fn load(
                     },
                 },
                 shared: if c.n_shared > 0 {
-                    Some(mlp(
-                        &format!("{p}.mlp.shared_experts"),
-                        c.moe_inter * c.n_shared,
-                    )?)
+                    Some(mlp(&format!("{p}.mlp.shared_experts"), c.moe_inter * c.n_shared)?)
                 } else {
                     None
                 },
@@ -223,25 +212,15 @@ pub fn load(
         blocks.push(Block {
             attn_norm: load_vector(ckpt, &format!("{p}.input_layernorm.weight"), c.hidden)?,
             attn: Attention::Mla(attn),
-            ffn_norm: load_vector(
-                ckpt,
-                &format!("{p}.post_attention_layernorm.weight"),
-                c.hidden,
-            )?,
+            ffn_norm: load_vector(ckpt, &format!("{p}.post_attention_layernorm.weight"), c.hidden)?,
             ffn,
         });
     }
     let (embed, norm, lm_head) = load_ends(cfg, ckpt, c.vocab, c.hidden)?;
     Ok(Box::new(Decoder {
         info: ModelInfo {
-            architecture: cfg
-                .architecture()
-                .unwrap_or("DeepseekV3ForCausalLM")
-                .to_string(),
-            model_type: cfg
-                .opt_str("model_type")?
-                .unwrap_or("deepseek_v3")
-                .to_string(),
+            architecture: cfg.architecture().unwrap_or("DeepseekV3ForCausalLM").to_string(),
+            model_type: cfg.opt_str("model_type")?.unwrap_or("deepseek_v3").to_string(),
             family: "deepseek_v3",
             vocab_size: c.vocab,
             hidden_dim: c.hidden,

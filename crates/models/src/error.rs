@@ -4,9 +4,7 @@
 pub enum ModelError {
     #[error(transparent)]
     Format(#[from] strata_formats::FormatError),
-    #[error(
-        "{path}: unknown architecture {arch:?} (model_type {model_type:?}); supported: {supported}"
-    )]
+    #[error("{path}: unknown architecture {arch:?} (model_type {model_type:?}); supported: {supported}")]
     UnknownArchitecture {
         path: String,
         arch: Option<String>,

@@ -29,7 +29,7 @@ pub use info::{ModelInfo, TensorSummary};
 pub use registry::{family_for, load_model, Family, StoreFactory, FAMILIES};
 pub use store::{Expert, ExpertLayout, ExpertStore};
 pub use trace::{RoutingRecord, Trace};
-pub use weights::{linear_summary, load_linear};
+pub use weights::{load_linear, load_vector};
 
 pub type Result<T, E = ModelError> = std::result::Result<T, E>;
 
@@ -43,9 +43,5 @@ pub trait Model: Send + Sync {
     /// Runs the new tokens of every sequence in `batch` through the model, appending to each
     /// sequence's cache. Returns, per sequence, logits (n, V) for its last token (n = 1) or for
     /// every new token when `all_logits` is set.
-    fn forward(
-        &self,
-        batch: &mut [SeqInput<'_>],
-        trace: Option<&mut Trace>,
-    ) -> Result<Vec<Vec<f32>>>;
+    fn forward(&self, batch: &mut [SeqInput<'_>], trace: Option<&mut Trace>) -> Result<Vec<Vec<f32>>>;
 }

@@ -36,9 +36,7 @@ impl Config {
             n_layers: cfg.usize("num_hidden_layers")?,
             n_heads,
             n_kv_heads: cfg.opt_usize("num_key_value_heads")?.unwrap_or(n_heads),
-            head_dim: cfg
-                .opt_usize("head_dim")?
-                .unwrap_or(hidden / n_heads.max(1)),
+            head_dim: cfg.opt_usize("head_dim")?.unwrap_or(hidden / n_heads.max(1)),
             n_experts: cfg.usize("num_local_experts")?,
             top_k: cfg.usize("num_experts_per_tok")?,
             eps: cfg.opt_f64("rms_norm_eps")?.unwrap_or(1e-5) as f32,
@@ -76,11 +74,7 @@ pub fn expert_layout(cfg: &JsonConfig) -> Result<ExpertLayout> {
     })
 }
 
-pub fn load(
-    cfg: &JsonConfig,
-    ckpt: &Checkpoint,
-    stores: StoreFactory<'_>,
-) -> Result<Box<dyn Model>> {
+pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, stores: StoreFactory<'_>) -> Result<Box<dyn Model>> {
     let c = Config::read(cfg)?;
     let layout = expert_layout(cfg)?;
     let store = stores(&layout)?;
@@ -102,24 +96,13 @@ pub fn load(
         blocks.push(Block {
             attn_norm: load_vector(ckpt, &format!("{p}.input_layernorm.weight"), c.hidden)?,
             attn: Attention::Gqa(attn),
-            ffn_norm: load_vector(
-                ckpt,
-                &format!("{p}.post_attention_layernorm.weight"),
-                c.hidden,
-            )?,
+            ffn_norm: load_vector(ckpt, &format!("{p}.post_attention_layernorm.weight"), c.hidden)?,
             ffn: Ffn::Moe(MoeLayer {
                 layer: l,
                 router: Router {
-                    weight: load_linear(
-                        ckpt,
-                        &format!("{p}.block_sparse_moe.gate"),
-                        c.n_experts,
-                        c.hidden,
-                    )?,
+                    weight: load_linear(ckpt, &format!("{p}.block_sparse_moe.gate"), c.n_experts, c.hidden)?,
                     top_k: c.top_k,
-                    rule: RoutingRule::SoftmaxTopK {
-                        norm_topk_prob: true,
-                    },
+                    rule: RoutingRule::SoftmaxTopK { norm_topk_prob: true },
                 },
                 shared: None,
                 store: store.clone(),
@@ -129,10 +112,7 @@ pub fn load(
     let (embed, norm, lm_head) = load_ends(cfg, ckpt, c.vocab, c.hidden)?;
     Ok(Box::new(Decoder {
         info: ModelInfo {
-            architecture: cfg
-                .architecture()
-                .unwrap_or("MixtralForCausalLM")
-                .to_string(),
+            architecture: cfg.architecture().unwrap_or("MixtralForCausalLM").to_string(),
             model_type: "mixtral".into(),
             family: "mixtral",
             vocab_size: c.vocab,

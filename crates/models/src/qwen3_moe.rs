@@ -43,9 +43,7 @@ impl Config {
             n_layers: cfg.usize("num_hidden_layers")?,
             n_heads,
             n_kv_heads: cfg.opt_usize("num_key_value_heads")?.unwrap_or(n_heads),
-            head_dim: cfg
-                .opt_usize("head_dim")?
-                .unwrap_or(hidden / n_heads.max(1)),
+            head_dim: cfg.opt_usize("head_dim")?.unwrap_or(hidden / n_heads.max(1)),
             n_experts: cfg.usize("num_experts")?,
             top_k: cfg.usize("num_experts_per_tok")?,
             norm_topk_prob: cfg.opt_bool("norm_topk_prob")?.unwrap_or(false),
@@ -73,9 +71,7 @@ impl Config {
     }
 
     fn is_moe(&self, l: usize) -> bool {
-        !self.mlp_only.contains(&l)
-            && self.n_experts > 0
-            && (l + 1).is_multiple_of(self.sparse_step)
+        !self.mlp_only.contains(&l) && self.n_experts > 0 && (l + 1).is_multiple_of(self.sparse_step)
     }
 }
 
@@ -92,11 +88,7 @@ pub fn expert_layout(cfg: &JsonConfig) -> Result<ExpertLayout> {
     })
 }
 
-pub fn load(
-    cfg: &JsonConfig,
-    ckpt: &Checkpoint,
-    stores: StoreFactory<'_>,
-) -> Result<Box<dyn Model>> {
+pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, stores: StoreFactory<'_>) -> Result<Box<dyn Model>> {
     let c = Config::read(cfg)?;
     let layout = expert_layout(cfg)?;
     let store = stores(&layout)?;
@@ -138,21 +130,14 @@ pub fn load(
         blocks.push(Block {
             attn_norm: load_vector(ckpt, &format!("{p}.input_layernorm.weight"), c.hidden)?,
             attn: Attention::Gqa(attn),
-            ffn_norm: load_vector(
-                ckpt,
-                &format!("{p}.post_attention_layernorm.weight"),
-                c.hidden,
-            )?,
+            ffn_norm: load_vector(ckpt, &format!("{p}.post_attention_layernorm.weight"), c.hidden)?,
             ffn,
         });
     }
     let (embed, norm, lm_head) = load_ends(cfg, ckpt, c.vocab, c.hidden)?;
     Ok(Box::new(Decoder {
         info: ModelInfo {
-            architecture: cfg
-                .architecture()
-                .unwrap_or("Qwen3MoeForCausalLM")
-                .to_string(),
+            architecture: cfg.architecture().unwrap_or("Qwen3MoeForCausalLM").to_string(),
             model_type: "qwen3_moe".into(),
             family: "qwen3_moe",
             vocab_size: c.vocab,

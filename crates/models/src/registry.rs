@@ -64,11 +64,7 @@ pub fn family_for(cfg: &JsonConfig) -> Result<&'static Family> {
         })
 }
 
-pub fn load_model(
-    cfg: &JsonConfig,
-    ckpt: &Checkpoint,
-    stores: StoreFactory<'_>,
-) -> Result<Box<dyn Model>> {
+pub fn load_model(cfg: &JsonConfig, ckpt: &Checkpoint, stores: StoreFactory<'_>) -> Result<Box<dyn Model>> {
     let family = family_for(cfg)?;
     (family.load)(cfg, ckpt, stores)
 }

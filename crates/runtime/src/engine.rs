@@ -5,10 +5,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use strata_experts::ResidentStore;
-use strata_formats::{Checkpoint, DType, GenerationConfig, JsonConfig};
-use strata_models::{
-    family_for, load_model, ExpertLayout, ExpertStore, KvCache, Model, SeqInput, Trace,
-};
+use strata_formats::{Checkpoint, DType, GenerationConfig, JsonConfig, QuantizationConfig};
+use strata_models::{family_for, load_model, ExpertLayout, ExpertStore, KvCache, Model, SeqInput, Trace};
 use strata_tokenizer::Tokenizer;
 
 #[derive(Debug, thiserror::Error)]
@@ -19,7 +17,9 @@ pub enum EngineError {
     Format(#[from] strata_formats::FormatError),
     #[error(transparent)]
     Tokenizer(#[from] strata_tokenizer::TokenizerError),
-    #[error("{0}: this model folder has no tokenizer (tokenizer.json or tiktoken.model); give token ids instead")]
+    #[error(
+        "{0}: this model folder has no tokenizer (tokenizer.json or tiktoken.model); give token ids instead"
+    )]
     NoTokenizer(PathBuf),
     #[error("the prompt has {prompt} tokens; the model's context is {max} positions")]
     PromptTooLong { prompt: usize, max: usize },
@@ -49,17 +49,16 @@ pub struct LogitsOutput {
 impl Engine {
     pub fn load(dir: &Path, _options: &LoadOptions) -> Result<Engine, EngineError> {
         let cfg = JsonConfig::read(&dir.join("config.json"))?;
-        let ckpt = Checkpoint::open(dir)?;
+        let ckpt = Checkpoint::open(dir)?.with_quantization(QuantizationConfig::from_config(&cfg)?);
         let factory = |layout: &ExpertLayout| -> strata_models::Result<Arc<dyn ExpertStore>> {
             Ok(Arc::new(ResidentStore::load(&ckpt, layout)?))
         };
         let model = load_model(&cfg, &ckpt, &factory)?;
-        let tokenizer =
-            if dir.join("tokenizer.json").exists() || dir.join("tiktoken.model").exists() {
-                Some(Tokenizer::from_dir(dir)?)
-            } else {
-                None
-            };
+        let tokenizer = if dir.join("tokenizer.json").exists() || dir.join("tiktoken.model").exists() {
+            Some(Tokenizer::from_dir(dir)?)
+        } else {
+            None
+        };
         let gen_path = dir.join("generation_config.json");
         let mut generation = if gen_path.exists() {
             GenerationConfig::read(&gen_path)?
@@ -92,11 +91,7 @@ impl Engine {
         self.logits_traced(ids, None)
     }
 
-    pub fn logits_traced(
-        &self,
-        ids: &[u32],
-        trace: Option<&mut Trace>,
-    ) -> Result<LogitsOutput, EngineError> {
+    pub fn logits_traced(&self, ids: &[u32], trace: Option<&mut Trace>) -> Result<LogitsOutput, EngineError> {
         if ids.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
@@ -119,10 +114,7 @@ impl Engine {
             .pop()
             .expect("one sequence");
         let vocab = self.model.info().vocab_size;
-        let argmax = out
-            .chunks_exact(vocab)
-            .map(crate::sampler::argmax)
-            .collect();
+        let argmax = out.chunks_exact(vocab).map(crate::sampler::argmax).collect();
         let last_logits = out[out.len() - vocab..].to_vec();
         Ok(LogitsOutput {
             argmax,
@@ -215,8 +207,7 @@ impl ModelPlan {
 
     pub fn active_params(&self) -> u64 {
         let per_expert = self.expert_params / self.n_expert_slots().max(1);
-        self.non_expert_params
-            + per_expert * (self.layout.top_k * self.layout.moe_layers.len()) as u64
+        self.non_expert_params + per_expert * (self.layout.top_k * self.layout.moe_layers.len()) as u64
     }
 
     /// Expert bytes one token reads when no expert is cached.
@@ -227,13 +218,13 @@ impl ModelPlan {
 
 /// Elements of the unquantized matrix a tensor stands for (scales and shape tensors count 0).
 fn logical_params(name: &str, dtype: DType, numel: u64) -> u64 {
-    if name.ends_with("weight_scale")
-        || name.ends_with("weight_scale_inv")
-        || name.ends_with("weight_shape")
+    if name.ends_with("weight_scale") || name.ends_with("weight_scale_inv") || name.ends_with("weight_shape")
     {
         0
     } else if name.ends_with("weight_packed") && dtype == DType::I32 {
-        numel * 8
+        numel * 8 // INT4: eight per 32-bit word
+    } else if name.ends_with("weight_packed") && dtype == DType::U8 {
+        numel * 2 // MXFP4: two per byte
     } else {
         numel
     }

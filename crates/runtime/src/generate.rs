@@ -107,8 +107,7 @@ impl Engine {
             }
             let logits = {
                 let mut batch: Vec<SeqInput<'_>> = Vec::with_capacity(active.len());
-                let mut remaining: Vec<&mut SeqState> =
-                    seqs.iter_mut().filter(|s| !s.done).collect();
+                let mut remaining: Vec<&mut SeqState> = seqs.iter_mut().filter(|s| !s.done).collect();
                 for s in remaining.iter_mut() {
                     batch.push(SeqInput {
                         tokens: &s.next,

@@ -161,10 +161,7 @@ mod tests {
             ..params.clone()
         });
         assert!(tight.iter().all(|&t| t == top5[0]));
-        let min_p = draw(SamplingParams {
-            min_p: 1.0,
-            ..params
-        });
+        let min_p = draw(SamplingParams { min_p: 1.0, ..params });
         assert!(min_p.iter().all(|&t| t == top5[0]));
     }
 }

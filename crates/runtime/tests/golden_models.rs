@@ -7,7 +7,7 @@ use strata_models::Trace;
 use strata_runtime::{Engine, FinishReason, GenEvent, LoadOptions, Request, SamplingParams};
 use strata_testkit::{
     as_f32s, as_u32s, as_usizes, check_last_logits, fixture, golden, golden_tensor, rel_tolerance,
-    BF16_MODELS,
+    BF16_MODELS, QUANTIZED_MODELS,
 };
 
 fn load(name: &str) -> Engine {
@@ -19,13 +19,8 @@ pub fn check_prompts(name: &str, engine: &Engine, g: &Value, rel: f32) {
         let ids = as_u32s(&prompt["ids"]);
         let out = engine.logits(&ids).unwrap();
         let absmax = prompt["last_logits_absmax"].as_f64().unwrap() as f32;
-        let worst = check_last_logits(
-            &out.last_logits,
-            &as_f32s(&prompt["last_logits"]),
-            absmax,
-            rel,
-        )
-        .unwrap_or_else(|e| panic!("{name} prompt {p}: last logits: {e}"));
+        let worst = check_last_logits(&out.last_logits, &as_f32s(&prompt["last_logits"]), absmax, rel)
+            .unwrap_or_else(|e| panic!("{name} prompt {p}: last logits: {e}"));
         eprintln!(
             "{name} prompt {p}: max |diff| {worst:.2e} (limit {:.2e})",
             rel * absmax
@@ -52,11 +47,7 @@ pub fn check_routing(name: &str, engine: &Engine, g: &Value) {
     let mut trace = Trace::default();
     engine.logits_traced(&ids, Some(&mut trace)).unwrap();
     let layers = routing["layers"].as_array().unwrap();
-    assert_eq!(
-        trace.routing.len(),
-        layers.len(),
-        "{name}: number of MoE layers"
-    );
+    assert_eq!(trace.routing.len(), layers.len(), "{name}: number of MoE layers");
     for (rec, want) in trace.routing.iter().zip(layers) {
         let layer = want["layer"].as_u64().unwrap() as usize;
         assert_eq!(rec.layer, layer, "{name}: MoE layer order");
@@ -145,6 +136,20 @@ fn bf16_models_match_goldens() {
     for name in BF16_MODELS {
         let engine = load(name);
         let g = golden(name);
+        let rel = rel_tolerance(&g);
+        check_prompts(name, &engine, &g, rel);
+        check_routing(name, &engine, &g);
+        check_generation(name, &engine, &g, rel);
+    }
+}
+
+#[test]
+fn quantized_models_match_goldens() {
+    for name in QUANTIZED_MODELS {
+        let engine = load(name);
+        let g = golden(name);
+        // The goldens come from exactly dequantized f32 weights and strata decodes exactly, so
+        // the f32 tolerance applies.
         let rel = rel_tolerance(&g);
         check_prompts(name, &engine, &g, rel);
         check_routing(name, &engine, &g);

@@ -92,18 +92,9 @@ pub fn golden_tensor(path: &Path, name: &str) -> Option<Vec<f32>> {
 
 /// Compares engine logits with the golden per the fixtures' rule; returns a description of the
 /// first failure.
-pub fn check_last_logits(
-    engine: &[f32],
-    golden: &[f32],
-    absmax: f32,
-    rel: f32,
-) -> Result<f32, String> {
+pub fn check_last_logits(engine: &[f32], golden: &[f32], absmax: f32, rel: f32) -> Result<f32, String> {
     if engine.len() != golden.len() {
-        return Err(format!(
-            "{} logits, golden has {}",
-            engine.len(),
-            golden.len()
-        ));
+        return Err(format!("{} logits, golden has {}", engine.len(), golden.len()));
     }
     let worst = engine
         .iter()
@@ -116,3 +107,7 @@ pub fn check_last_logits(
         Err(format!("max |diff| {worst} > {rel} x {absmax}"))
     }
 }
+
+/// The model folders with quantized weights (FP8 block-scaled; INT4 pack-quantized experts) and
+/// goldens computed from their exactly dequantized weights.
+pub const QUANTIZED_MODELS: &[&str] = &["deepseek-v3-tiny-fp8", "kimi-k2-tiny-int4"];

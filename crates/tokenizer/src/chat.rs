@@ -56,8 +56,7 @@ impl ChatTemplate {
     pub fn from_dir(dir: &Path, config: &Value) -> Result<Option<ChatTemplate>> {
         let file = dir.join("chat_template.jinja");
         if file.exists() {
-            let source =
-                std::fs::read_to_string(&file).map_err(|e| TokenizerError::file(&file, e))?;
+            let source = std::fs::read_to_string(&file).map_err(|e| TokenizerError::file(&file, e))?;
             return Ok(Some(ChatTemplate::new(source)?));
         }
         let source = match config.get("chat_template") {
@@ -89,10 +88,7 @@ impl ChatTemplate {
         let mut ctx = special_tokens.clone();
         ctx.insert("messages".into(), messages.clone());
         ctx.insert("tools".into(), tools.cloned().unwrap_or(Value::Null));
-        ctx.insert(
-            "add_generation_prompt".into(),
-            Value::Bool(add_generation_prompt),
-        );
+        ctx.insert("add_generation_prompt".into(), Value::Bool(add_generation_prompt));
         for (k, v) in kwargs {
             ctx.insert(k.clone(), v.clone());
         }

@@ -6,7 +6,9 @@ use std::path::PathBuf;
 pub enum TokenizerError {
     #[error("{path}: {reason}")]
     File { path: PathBuf, reason: String },
-    #[error("{dir}: no tokenizer found (expected tokenizer.json, or tiktoken.model with tokenizer_config.json)")]
+    #[error(
+        "{dir}: no tokenizer found (expected tokenizer.json, or tiktoken.model with tokenizer_config.json)"
+    )]
     NotFound { dir: PathBuf },
     #[error("tokenizer: {0}")]
     Encode(String),

@@ -43,10 +43,7 @@ fn write_value(
             out.push_str(&python_float_repr(f));
         }
         ValueKind::String => write_string(out, v.as_str().unwrap_or_default()),
-        ValueKind::Bytes => write_string(
-            out,
-            &String::from_utf8_lossy(v.as_bytes().unwrap_or_default()),
-        ),
+        ValueKind::Bytes => write_string(out, &String::from_utf8_lossy(v.as_bytes().unwrap_or_default())),
         ValueKind::Seq | ValueKind::Iterable => {
             let items: Vec<Value> = v.try_iter()?.collect();
             if items.is_empty() {
@@ -149,11 +146,7 @@ pub(crate) fn python_float_repr(f: f64) -> String {
         } else if point as usize >= digits.len() {
             format!("{}{}.0", digits, "0".repeat(point as usize - digits.len()))
         } else {
-            format!(
-                "{}.{}",
-                &digits[..point as usize],
-                &digits[point as usize..]
-            )
+            format!("{}.{}", &digits[..point as usize], &digits[point as usize..])
         };
         format!("{sign}{body}")
     } else {
@@ -191,9 +184,8 @@ mod tests {
 
     #[test]
     fn dumps_like_python() {
-        let v = Value::from_serialize(
-            serde_json::json!({"b": [1, 2.0, "x<y>&'"], "a": {"é": null, "t": true}}),
-        );
+        let v =
+            Value::from_serialize(serde_json::json!({"b": [1, 2.0, "x<y>&'"], "a": {"é": null, "t": true}}));
         assert_eq!(
             python_json_dumps(&v, None).unwrap(),
             r#"{"b": [1, 2.0, "x<y>&'"], "a": {"é": null, "t": true}}"#

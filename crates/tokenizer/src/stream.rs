@@ -27,9 +27,7 @@ impl StreamDecoder {
         self.ids.push(id);
         let before = tok.decode(&self.ids[self.prefix..self.read], self.skip_special)?;
         let after = tok.decode(&self.ids[self.prefix..], self.skip_special)?;
-        if after.len() > before.len()
-            && !after.ends_with('\u{FFFD}')
-            && after.is_char_boundary(before.len())
+        if after.len() > before.len() && !after.ends_with('\u{FFFD}') && after.is_char_boundary(before.len())
         {
             let delta = after[before.len()..].to_string();
             self.prefix = self.read;

@@ -89,9 +89,7 @@ impl TiktokenBackend {
         let rank_path = dir.join("tiktoken.model");
         let encoder = read_ranks(&rank_path)?;
         let num_base = encoder.len() as u32;
-        let decoder = config
-            .get("added_tokens_decoder")
-            .and_then(|v| v.as_object());
+        let decoder = config.get("added_tokens_decoder").and_then(|v| v.as_object());
         let specials = (num_base..num_base + KIMI_RESERVED_SPECIALS)
             .map(|id| {
                 let name = decoder
@@ -164,9 +162,9 @@ fn read_ranks(path: &Path) -> Result<HashMap<Vec<u8>, u32>> {
         if line.trim().is_empty() {
             continue;
         }
-        let (b64, rank) = line.split_once(' ').ok_or_else(|| {
-            TokenizerError::file(path, format!("line {}: expected `base64 rank`", n + 1))
-        })?;
+        let (b64, rank) = line
+            .split_once(' ')
+            .ok_or_else(|| TokenizerError::file(path, format!("line {}: expected `base64 rank`", n + 1)))?;
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(b64)
             .map_err(|e| TokenizerError::file(path, format!("line {}: bad base64: {e}", n + 1)))?;

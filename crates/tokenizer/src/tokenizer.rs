@@ -31,10 +31,7 @@ pub struct Tokenizer {
 fn token_text(v: Option<&Value>) -> Option<String> {
     match v? {
         Value::String(s) => Some(s.clone()),
-        Value::Object(o) => o
-            .get("content")
-            .and_then(|c| c.as_str())
-            .map(str::to_string),
+        Value::Object(o) => o.get("content").and_then(|c| c.as_str()).map(str::to_string),
         _ => None,
     }
 }
@@ -44,8 +41,8 @@ impl Tokenizer {
     pub fn from_dir(dir: &Path) -> Result<Tokenizer> {
         let config_path = dir.join("tokenizer_config.json");
         let config: Value = if config_path.exists() {
-            let text = std::fs::read_to_string(&config_path)
-                .map_err(|e| TokenizerError::file(&config_path, e))?;
+            let text =
+                std::fs::read_to_string(&config_path).map_err(|e| TokenizerError::file(&config_path, e))?;
             serde_json::from_str(&text)
                 .map_err(|e| TokenizerError::file(&config_path, format!("not valid JSON: {e}")))?
         } else {
@@ -53,8 +50,8 @@ impl Tokenizer {
         };
         let hf_path = dir.join("tokenizer.json");
         let backend = if hf_path.exists() {
-            let tok = tokenizers::Tokenizer::from_file(&hf_path)
-                .map_err(|e| TokenizerError::file(&hf_path, e))?;
+            let tok =
+                tokenizers::Tokenizer::from_file(&hf_path).map_err(|e| TokenizerError::file(&hf_path, e))?;
             Backend::Hf(Box::new(tok))
         } else if dir.join("tiktoken.model").exists() {
             Backend::Tiktoken(Box::new(TiktokenBackend::kimi(dir, &config)?))
@@ -110,9 +107,7 @@ impl Tokenizer {
             Backend::Tiktoken(t) => Ok(t
                 .encode(text)?
                 .iter()
-                .map(|&id| {
-                    String::from_utf8_lossy(t.token_bytes(id).unwrap_or_default()).into_owned()
-                })
+                .map(|&id| String::from_utf8_lossy(t.token_bytes(id).unwrap_or_default()).into_owned())
                 .collect()),
         }
     }
@@ -178,10 +173,7 @@ impl Tokenizer {
         add_generation_prompt: bool,
         kwargs: &serde_json::Map<String, Value>,
     ) -> Result<String> {
-        let template = self
-            .chat_template
-            .as_ref()
-            .ok_or(TokenizerError::NoTemplate)?;
+        let template = self.chat_template.as_ref().ok_or(TokenizerError::NoTemplate)?;
         let mut context = serde_json::Map::new();
         for key in ["bos_token", "eos_token", "unk_token", "pad_token"] {
             if let Some(text) = self.config_token(key) {

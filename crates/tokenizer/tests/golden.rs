@@ -17,18 +17,11 @@ const MODEL_FOLDERS: &[&str] = &[
 
 /// ids, ids with special tokens added, token strings, decodings: HF-style golden entries.
 fn check_hf_cases(name: &str, tok: &Tokenizer, cases: &[Value]) {
-    assert!(
-        !cases.is_empty(),
-        "{name}: no tokenizer cases in golden.json"
-    );
+    assert!(!cases.is_empty(), "{name}: no tokenizer cases in golden.json");
     for case in cases {
         let text = case["text"].as_str().unwrap();
         let ids = as_u32s(&case["ids"]);
-        assert_eq!(
-            tok.encode(text, false).unwrap(),
-            ids,
-            "{name}: ids of {text:?}"
-        );
+        assert_eq!(tok.encode(text, false).unwrap(), ids, "{name}: ids of {text:?}");
         assert_eq!(
             tok.encode(text, true).unwrap(),
             as_u32s(&case["ids_add_special_tokens"]),
@@ -128,20 +121,13 @@ fn check_tiktoken_cases(name: &str, tok: &Tokenizer, cases: &[Value], pattern: &
     for case in cases {
         let text = case["text"].as_str().unwrap();
         let ids = as_u32s(&case["ids"]);
-        assert_eq!(
-            tok.encode(text, false).unwrap(),
-            ids,
-            "{name}: ids of {text:?}"
-        );
+        assert_eq!(tok.encode(text, false).unwrap(), ids, "{name}: ids of {text:?}");
         assert_eq!(
             tik.encode_ordinary(text),
             as_u32s(&case["ids_specials_as_text"]),
             "{name}: ids_specials_as_text of {text:?}"
         );
-        let hexes: Vec<String> = ids
-            .iter()
-            .map(|&id| hex(tik.token_bytes(id).unwrap()))
-            .collect();
+        let hexes: Vec<String> = ids.iter().map(|&id| hex(tik.token_bytes(id).unwrap())).collect();
         let want: Vec<String> = case["token_bytes_hex"]
             .as_array()
             .unwrap()
@@ -160,10 +146,7 @@ fn check_tiktoken_cases(name: &str, tok: &Tokenizer, cases: &[Value], pattern: &
             "{name}: decode(skip) of {text:?}"
         );
         if let Some(pieces) = case.get("pieces_specials_as_text") {
-            let got: Vec<&str> = splitter
-                .find_iter(text)
-                .map(|m| m.unwrap().as_str())
-                .collect();
+            let got: Vec<&str> = splitter.find_iter(text).map(|m| m.unwrap().as_str()).collect();
             let want: Vec<&str> = pieces
                 .as_array()
                 .unwrap()
@@ -212,13 +195,7 @@ fn qwen_tiktoken_matches_goldens() {
             )
         })
         .collect();
-    let backend =
-        TiktokenBackend::from_rank_file(&dir.join("qwen.tiktoken"), pattern, specials).unwrap();
+    let backend = TiktokenBackend::from_rank_file(&dir.join("qwen.tiktoken"), pattern, specials).unwrap();
     let tok = Tokenizer::from_tiktoken(backend);
-    check_tiktoken_cases(
-        "tiktoken-qwen",
-        &tok,
-        g["tokenizer"].as_array().unwrap(),
-        pattern,
-    );
+    check_tiktoken_cases("tiktoken-qwen", &tok, g["tokenizer"].as_array().unwrap(), pattern);
 }

@@ -118,10 +118,7 @@ fn prompt_ids(args: &RunArgs, engine: &Engine) -> Result<Vec<u32>> {
     if let Some(ids) = &args.ids {
         return parse_ids(ids);
     }
-    let text = args
-        .prompt
-        .as_deref()
-        .expect("clap requires --prompt or --ids");
+    let text = args.prompt.as_deref().expect("clap requires --prompt or --ids");
     let tok = engine.tokenizer()?;
     if !args.chat {
         return Ok(tok.encode(text, true)?);
@@ -138,8 +135,7 @@ fn prompt_ids(args: &RunArgs, engine: &Engine) -> Result<Vec<u32>> {
         },
         None => Default::default(),
     };
-    let rendered =
-        tok.apply_chat_template(&serde_json::Value::Array(messages), None, true, &kwargs)?;
+    let rendered = tok.apply_chat_template(&serde_json::Value::Array(messages), None, true, &kwargs)?;
     // Chat templates write their own BOS.
     Ok(tok.encode(&rendered, false)?)
 }

@@ -59,10 +59,9 @@ pub fn tokenize(args: TokenizeArgs) -> Result<()> {
         (tok.encode(&text, args.add_special)?, text)
     } else {
         let path = args.chat.expect("clap requires --text or --chat");
-        let raw = std::fs::read_to_string(&path)
-            .with_context(|| format!("reading {}", path.display()))?;
-        let value: serde_json::Value = serde_json::from_str(&raw)
-            .with_context(|| format!("{}: not valid JSON", path.display()))?;
+        let raw = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let value: serde_json::Value =
+            serde_json::from_str(&raw).with_context(|| format!("{}: not valid JSON", path.display()))?;
         let (messages, tools) = match &value {
             serde_json::Value::Array(_) => (value.clone(), None),
             serde_json::Value::Object(o) if o.contains_key("messages") => (
@@ -83,18 +82,11 @@ pub fn tokenize(args: TokenizeArgs) -> Result<()> {
             },
             None => Default::default(),
         };
-        let rendered = tok.apply_chat_template(
-            &messages,
-            tools.as_ref(),
-            args.add_generation_prompt,
-            &kwargs,
-        )?;
+        let rendered =
+            tok.apply_chat_template(&messages, tools.as_ref(), args.add_generation_prompt, &kwargs)?;
         (tok.encode(&rendered, false)?, rendered)
     };
-    println!(
-        "{}",
-        serde_json::to_string(&json!({"ids": ids, "text": text}))?
-    );
+    println!("{}", serde_json::to_string(&json!({"ids": ids, "text": text}))?);
     Ok(())
 }
 

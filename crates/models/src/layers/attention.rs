@@ -39,10 +39,7 @@ pub struct GqaAttention {
 
 impl GqaAttention {
     pub fn cache_dims(&self) -> (usize, usize) {
-        (
-            self.n_kv_heads * self.head_dim,
-            self.n_kv_heads * self.head_dim,
-        )
+        (self.n_kv_heads * self.head_dim, self.n_kv_heads * self.head_dim)
     }
 
     /// x (T, D) normed -> (T, D)
@@ -86,15 +83,13 @@ impl GqaAttention {
                     let kvh = head / group;
                     let qh = &q[t * h * dh + head * dh..t * h * dh + (head + 1) * dh];
                     for (p, s) in scores.iter_mut().enumerate() {
-                        let kp =
-                            &seq.cache.k[p * kv_width + kvh * dh..p * kv_width + (kvh + 1) * dh];
+                        let kp = &seq.cache.k[p * kv_width + kvh * dh..p * kv_width + (kvh + 1) * dh];
                         *s = dot(qh, kp) * scale;
                     }
                     softmax(&mut scores);
                     let oh = &mut out[t * h * dh + head * dh..t * h * dh + (head + 1) * dh];
                     for (p, a) in scores.iter().enumerate() {
-                        let vp =
-                            &seq.cache.v[p * kv_width + kvh * dh..p * kv_width + (kvh + 1) * dh];
+                        let vp = &seq.cache.v[p * kv_width + kvh * dh..p * kv_width + (kvh + 1) * dh];
                         for (o, v) in oh.iter_mut().zip(vp) {
                             *o += a * v;
                         }
@@ -126,18 +121,8 @@ impl GqaAttention {
         let norm = |n: &str| load_vector(ckpt, &format!("{base}.{n}.weight"), head_dim);
         Ok(GqaAttention {
             q: load_linear(ckpt, &format!("{base}.q_proj"), n_heads * head_dim, hidden)?,
-            k: load_linear(
-                ckpt,
-                &format!("{base}.k_proj"),
-                n_kv_heads * head_dim,
-                hidden,
-            )?,
-            v: load_linear(
-                ckpt,
-                &format!("{base}.v_proj"),
-                n_kv_heads * head_dim,
-                hidden,
-            )?,
+            k: load_linear(ckpt, &format!("{base}.k_proj"), n_kv_heads * head_dim, hidden)?,
+            v: load_linear(ckpt, &format!("{base}.v_proj"), n_kv_heads * head_dim, hidden)?,
             o: load_linear(ckpt, &format!("{base}.o_proj"), hidden, n_heads * head_dim)?,
             q_norm: if qk_norm { Some(norm("q_norm")?) } else { None },
             k_norm: if qk_norm { Some(norm("k_norm")?) } else { None },

@@ -5,7 +5,8 @@
 //! kv_b(c_kv) gives per head [k_nope | v]. Instead of expanding every cached position, the key
 //! projection is absorbed into the query (q_abs = W_uk^T q_nope) and the value projection is
 //! applied once after attention (v = W_uv (sum_p a_p c_p)): the same scores and outputs as the
-//! reference, while the cache holds only [c_kv | k_rope] per position.
+//! reference, while the cache holds only [c_kv | k_rope] per position. kv_b stays in its stored
+//! format; both products read row blocks of it.
 
 use strata_kernels::Linear;
 
@@ -17,11 +18,7 @@ pub enum QueryProj {
     /// (H*(nope+rope), D)
     Direct(Linear),
     /// q_a (q_lora, D), its norm (q_lora,), q_b (H*(nope+rope), q_lora)
-    LowRank {
-        a: Linear,
-        norm: Vec<f32>,
-        b: Linear,
-    },
+    LowRank { a: Linear, norm: Vec<f32>, b: Linear },
 }
 
 pub struct MlaAttention {
@@ -30,10 +27,8 @@ pub struct MlaAttention {
     pub kv_a: Linear,
     /// (kv_lora,)
     pub kv_a_norm: Vec<f32>,
-    /// Per head: W_uk^T (kv_lora, nope), from kv_b_proj.
-    pub uk_t: Vec<Linear>,
-    /// Per head: W_uv (v, kv_lora), from kv_b_proj.
-    pub uv: Vec<Linear>,
+    /// (H*(nope+v), kv_lora): per head, rows [W_uk (nope) | W_uv (v)], kept in its stored format.
+    pub kv_b: Linear,
     /// (D, H*v)
     pub o: Linear,
     pub n_heads: usize,
@@ -47,32 +42,6 @@ pub struct MlaAttention {
 }
 
 impl MlaAttention {
-    /// Splits kv_b_proj (H*(nope+v), kv_lora) into the per-head absorbed matrices.
-    pub fn split_kv_b(
-        kv_b: &Linear,
-        n_heads: usize,
-        nope: usize,
-        v: usize,
-    ) -> (Vec<Linear>, Vec<Linear>) {
-        let kv_lora = kv_b.in_dim;
-        let w = kv_b.to_f32(); // (H*(nope+v), kv_lora)
-        let mut uk_t = Vec::with_capacity(n_heads);
-        let mut uv = Vec::with_capacity(n_heads);
-        for h in 0..n_heads {
-            let base = h * (nope + v);
-            let mut t = vec![0f32; kv_lora * nope];
-            for r in 0..nope {
-                for c in 0..kv_lora {
-                    t[c * nope + r] = w[(base + r) * kv_lora + c];
-                }
-            }
-            uk_t.push(Linear::from_f32(kv_lora, nope, t));
-            let rows = w[(base + nope) * kv_lora..(base + nope + v) * kv_lora].to_vec();
-            uv.push(Linear::from_f32(v, kv_lora, rows));
-        }
-        (uk_t, uv)
-    }
-
     pub fn cache_dims(&self) -> (usize, usize) {
         (self.kv_lora + self.rope_dim, 0)
     }
@@ -128,11 +97,13 @@ impl MlaAttention {
                 let mut o_lat = vec![0f32; lora];
                 for head in 0..h {
                     let qh = &q[t * h * qk + head * qk..t * h * qk + (head + 1) * qk];
-                    self.uk_t[head].matvec(&qh[..nope], &mut q_abs); // (kv_lora,)
+                    let base = head * (nope + vd);
+                    self.kv_b
+                        .matvec_rows_transposed(base..base + nope, &qh[..nope], &mut q_abs); // (kv_lora,)
                     for (p, s) in scores.iter_mut().enumerate() {
                         let key = &seq.cache.k[p * kv_width..(p + 1) * kv_width];
-                        *s = (dot(&q_abs, &key[..lora]) + dot(&qh[nope..], &key[lora..]))
-                            * self.softmax_scale;
+                        *s =
+                            (dot(&q_abs, &key[..lora]) + dot(&qh[nope..], &key[lora..])) * self.softmax_scale;
                     }
                     softmax(&mut scores);
                     o_lat.iter_mut().for_each(|v| *v = 0.0);
@@ -142,10 +113,9 @@ impl MlaAttention {
                             *o += a * v;
                         }
                     }
-                    self.uv[head].matvec(
-                        &o_lat,
-                        &mut out[t * h * vd + head * vd..t * h * vd + (head + 1) * vd],
-                    );
+                    let v_rows = base + nope..base + nope + vd;
+                    let o_head = &mut out[t * h * vd + head * vd..t * h * vd + (head + 1) * vd];
+                    self.kv_b.matvec_rows(v_rows, &o_lat, o_head); // (v,)
                 }
             }
         }

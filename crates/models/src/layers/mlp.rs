@@ -15,13 +15,7 @@ pub struct Mlp {
 }
 
 /// X (T, D) -> (T, D) through one SwiGLU MLP.
-pub fn swiglu_mlp(
-    gate: &Linear,
-    up: &Linear,
-    down: &Linear,
-    x: &[f32],
-    n_tokens: usize,
-) -> Vec<f32> {
+pub fn swiglu_mlp(gate: &Linear, up: &Linear, down: &Linear, x: &[f32], n_tokens: usize) -> Vec<f32> {
     let f = gate.out_dim;
     let mut g = vec![0f32; n_tokens * f]; // (T, F)
     let mut u = vec![0f32; n_tokens * f]; // (T, F)

@@ -211,13 +211,7 @@ mod tests {
 
     #[test]
     fn softmax_top_k_renormalises_and_sorts_by_id() {
-        let r = router(
-            RoutingRule::SoftmaxTopK {
-                norm_topk_prob: true,
-            },
-            4,
-            2,
-        );
+        let r = router(RoutingRule::SoftmaxTopK { norm_topk_prob: true }, 4, 2);
         let route = r.route(&[0.0, 3.0, 1.0, 2.0]);
         assert_eq!(route.experts, vec![1, 3]);
         let e = 1f32.exp();

@@ -43,12 +43,7 @@ impl Rope {
     }
 
     /// Reads `rope_theta` and `rope_scaling` (none or `yarn`) for a rotary slice of `dim`.
-    pub fn from_config(
-        cfg: &JsonConfig,
-        dim: usize,
-        default_theta: f64,
-        style: RopeStyle,
-    ) -> Result<Rope> {
+    pub fn from_config(cfg: &JsonConfig, dim: usize, default_theta: f64, style: RopeStyle) -> Result<Rope> {
         let theta = cfg.opt_f64("rope_theta")?.unwrap_or(default_theta);
         let Some(scaling) = cfg.opt_object("rope_scaling")? else {
             return Ok(Rope::plain(dim, theta, style));
@@ -98,10 +93,7 @@ impl Rope {
             .iter()
             .map(|f| {
                 let a = p * f;
-                (
-                    a.cos() * self.attention_factor,
-                    a.sin() * self.attention_factor,
-                )
+                (a.cos() * self.attention_factor, a.sin() * self.attention_factor)
             })
             .unzip()
     }
@@ -139,14 +131,7 @@ fn base_inv_freq(dim: usize, theta: f64) -> Vec<f32> {
         .collect()
 }
 
-fn yarn_inv_freq(
-    dim: usize,
-    theta: f64,
-    factor: f64,
-    orig: f64,
-    beta_fast: f64,
-    beta_slow: f64,
-) -> Vec<f32> {
+fn yarn_inv_freq(dim: usize, theta: f64, factor: f64, orig: f64, beta_fast: f64, beta_slow: f64) -> Vec<f32> {
     let correction_dim = |rotations: f64| {
         dim as f64 * (orig / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * theta.ln())
     };
@@ -173,9 +158,9 @@ mod tests {
 
     #[test]
     fn yarn_mscale_matches_the_documented_example() {
-        // deepseek-v3-tiny: 48^-0.5 * m(4, 1)^2 = 0.18711
+        // deepseek-v3-tiny: 48^-0.5 * m(4, 1)^2 = 0.18711 in the fixtures README (m rounded to 1.1386)
         let m = yarn_mscale(4.0, 1.0);
-        assert!((48f64.powf(-0.5) * m * m - 0.18711).abs() < 1e-5);
+        assert!((48f64.powf(-0.5) * m * m - 0.18711).abs() < 5e-5);
     }
 
     #[test]
