@@ -15,7 +15,7 @@ pub mod int8;
 mod linear;
 pub mod mxfp4;
 
-pub use linear::{Linear, WeightData};
+pub use linear::{Linear, Prepared, WeightData};
 
 /// Number of threads the kernels may use (rayon's global pool, sized to the machine).
 pub fn threads() -> usize {

@@ -116,6 +116,13 @@ fn u16s(bytes: &[u8]) -> Vec<u16> {
         .collect()
 }
 
+/// An activation rearranged once for the fast kernels of a format (shared by every row).
+pub enum Prepared {
+    None,
+    Int4(int4::Int4Prepared),
+    Mxfp4(Vec<f32>),
+}
+
 #[derive(Clone, Debug)]
 pub struct Linear {
     pub out_dim: usize,
@@ -192,6 +199,45 @@ impl Linear {
         }
     }
 
+    /// Rearranges x for this format's fast kernel (once per activation, shared by all rows).
+    pub fn prepare(&self, x: &[f32]) -> Prepared {
+        match &self.data {
+            WeightData::Int4 { group, .. } => Prepared::Int4(int4::prepare(x, *group)),
+            WeightData::Mxfp4 { .. } => Prepared::Mxfp4(mxfp4::prepare(x)),
+            _ => Prepared::None,
+        }
+    }
+
+    /// `row_dot` with an activation from [`Linear::prepare`] (what `matmul` uses).
+    #[inline]
+    pub fn row_dot_prepared(&self, r: usize, x: &[f32], p: &Prepared) -> f32 {
+        let n = self.in_dim;
+        match (&self.data, p) {
+            (
+                WeightData::Int4 {
+                    packed,
+                    scales,
+                    group,
+                },
+                Prepared::Int4(p),
+            ) => {
+                let (wr, sr) = (n.div_ceil(8), n.div_ceil(*group));
+                int4::dot_int4_prepared(
+                    &packed[r * wr..(r + 1) * wr],
+                    &scales[r * sr..(r + 1) * sr],
+                    *group,
+                    x,
+                    p,
+                )
+            }
+            (WeightData::Mxfp4 { packed, scales }, Prepared::Mxfp4(p)) => {
+                let (wr, sr) = (n.div_ceil(2), n.div_ceil(mxfp4::GROUP));
+                mxfp4::dot_mxfp4_prepared(&packed[r * wr..(r + 1) * wr], &scales[r * sr..(r + 1) * sr], x, p)
+            }
+            _ => self.row_dot(r, x),
+        }
+    }
+
     /// W (out,in) @ x (in,) -> y (out,)
     pub fn matvec(&self, x: &[f32], y: &mut [f32]) {
         self.matmul(x, 1, y);
@@ -201,34 +247,42 @@ impl Linear {
     pub fn matmul(&self, xs: &[f32], n_tokens: usize, ys: &mut [f32]) {
         assert_eq!(xs.len(), n_tokens * self.in_dim, "matmul input is not (T, in)");
         assert_eq!(ys.len(), n_tokens * self.out_dim, "matmul output is not (T, out)");
+        let n = self.in_dim;
+        let prepared: Vec<Prepared> = xs.chunks_exact(n).map(|x| self.prepare(x)).collect();
         let work = self.out_dim * self.in_dim * n_tokens;
         if work < PARALLEL_MIN_WORK || crate::threads() == 1 {
             for r in 0..self.out_dim {
                 for t in 0..n_tokens {
-                    ys[t * self.out_dim + r] = self.row_dot(r, &xs[t * self.in_dim..(t + 1) * self.in_dim]);
+                    ys[t * self.out_dim + r] =
+                        self.row_dot_prepared(r, &xs[t * n..(t + 1) * n], &prepared[t]);
                 }
             }
             return;
         }
-        // Row blocks in parallel; each block computes its rows for every token (weights are read once).
-        let n_blocks = self.out_dim.div_ceil(ROWS_PER_TASK);
-        let blocks: Vec<Vec<f32>> = (0..n_blocks)
-            .into_par_iter()
-            .map(|b| {
-                let rows = b * ROWS_PER_TASK..((b + 1) * ROWS_PER_TASK).min(self.out_dim);
-                let mut out = Vec::with_capacity(rows.len() * n_tokens);
-                for r in rows {
-                    for t in 0..n_tokens {
-                        out.push(self.row_dot(r, &xs[t * self.in_dim..(t + 1) * self.in_dim]));
+        // Row blocks in parallel; each block computes its rows for every token, so each weight
+        // row is read once per step. With one token the output rows are contiguous already.
+        if n_tokens == 1 {
+            ys.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each(|(b, out)| {
+                for (i, o) in out.iter_mut().enumerate() {
+                    *o = self.row_dot_prepared(b * ROWS_PER_TASK + i, xs, &prepared[0]);
+                }
+            });
+            return;
+        }
+        let mut by_row = vec![0f32; self.out_dim * n_tokens]; // (out, T)
+        by_row
+            .par_chunks_mut(ROWS_PER_TASK * n_tokens)
+            .enumerate()
+            .for_each(|(b, out)| {
+                for (i, row_out) in out.chunks_exact_mut(n_tokens).enumerate() {
+                    let r = b * ROWS_PER_TASK + i;
+                    for (t, o) in row_out.iter_mut().enumerate() {
+                        *o = self.row_dot_prepared(r, &xs[t * n..(t + 1) * n], &prepared[t]);
                     }
                 }
-                out
-            })
-            .collect();
-        for (b, block) in blocks.iter().enumerate() {
-            let r0 = b * ROWS_PER_TASK;
-            for (i, v) in block.iter().enumerate() {
-                let (r, t) = (r0 + i / n_tokens, i % n_tokens);
+            });
+        for (r, row_out) in by_row.chunks_exact(n_tokens).enumerate() {
+            for (t, v) in row_out.iter().enumerate() {
                 ys[t * self.out_dim + r] = *v;
             }
         }

@@ -78,11 +78,10 @@ pub mod x86 {
 
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn fma8(codes2x: __m128i, x: *const f32, acc: __m256) -> __m256 {
-        _mm256_fmadd_ps(
+    unsafe fn mul8(codes2x: __m128i, x: *const f32) -> __m256 {
+        _mm256_mul_ps(
             _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes2x)),
             _mm256_loadu_ps(x),
-            acc,
         )
     }
 
@@ -102,12 +101,14 @@ pub mod x86 {
             let v0 = _mm_unpacklo_epi8(lo, hi); // columns 0..16
             let v1 = _mm_unpackhi_epi8(lo, hi); // columns 16..32
             let xp = x.as_ptr().add(g * super::GROUP);
-            let mut acc = fma8(v0, xp, _mm256_setzero_ps());
-            acc = fma8(_mm_srli_si128(v0, 8), xp.add(8), acc);
-            acc = fma8(v1, xp.add(16), acc);
-            acc = fma8(_mm_srli_si128(v1, 8), xp.add(24), acc);
+            // Four independent products, then one dependent FMA per group.
+            let p0 = mul8(v0, xp);
+            let p1 = mul8(_mm_srli_si128(v0, 8), xp.add(8));
+            let p2 = mul8(v1, xp.add(16));
+            let p3 = mul8(_mm_srli_si128(v1, 8), xp.add(24));
+            let sum = _mm256_add_ps(_mm256_add_ps(p0, p1), _mm256_add_ps(p2, p3));
             let scale = super::e8m0_to_f32(scales[g]) * 0.5;
-            total = _mm256_fmadd_ps(acc, _mm256_set1_ps(scale), total);
+            total = _mm256_fmadd_ps(sum, _mm256_set1_ps(scale), total);
         }
         let mut tail = 0f32;
         if whole * super::GROUP < n {
@@ -117,6 +118,92 @@ pub mod x86 {
                 s += super::E2M1[super::code_at(packed, i) as usize] * x[i];
             }
             tail = s * super::e8m0_to_f32(scales[g]);
+        }
+        crate::dot::hsum256(total) + tail
+    }
+
+    /// Codes become BF16 bit patterns of twice their value through two byte lookups (high and low
+    /// byte), then F32 by zero-extending below: no int->float conversion on the hot path.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn dot_mxfp4_prepared_avx2(packed: &[u8], scales: &[u8], x: &[f32], xp: &[f32]) -> f32 {
+        let n = x.len();
+        let whole = n / super::GROUP;
+        assert!(
+            packed.len() * 2 >= n && scales.len() * super::GROUP >= n && xp.len() >= whole * super::GROUP
+        );
+        // BF16 of 2 x E2M1 value: 0,1,2,3,4,6,8,12 and negatives.
+        let hi_lut = _mm256_broadcastsi128_si256(_mm_setr_epi8(
+            0x00,
+            0x3f,
+            0x40,
+            0x40,
+            0x40,
+            0x40,
+            0x41,
+            0x41,
+            0x80u8 as i8,
+            0xbfu8 as i8,
+            0xc0u8 as i8,
+            0xc0u8 as i8,
+            0xc0u8 as i8,
+            0xc0u8 as i8,
+            0xc1u8 as i8,
+            0xc1u8 as i8,
+        ));
+        let lo_lut = _mm256_broadcastsi128_si256(_mm_setr_epi8(
+            0x00,
+            0x80u8 as i8,
+            0x00,
+            0x40,
+            0x80u8 as i8,
+            0xc0u8 as i8,
+            0x00,
+            0x40,
+            0x00,
+            0x80u8 as i8,
+            0x00,
+            0x40,
+            0x80u8 as i8,
+            0xc0u8 as i8,
+            0x00,
+            0x40,
+        ));
+        let low = _mm256_set1_epi8(0x0f);
+        let zero = _mm256_setzero_si256();
+        let mut total = _mm256_setzero_ps();
+        for g in 0..whole {
+            let b = _mm_loadu_si128(packed.as_ptr().add(g * 16) as *const __m128i);
+            // Lane 0: even columns (low nibbles), lane 1: odd columns (high nibbles).
+            let codes = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), low);
+            let hi = _mm256_shuffle_epi8(hi_lut, codes);
+            let lo = _mm256_shuffle_epi8(lo_lut, codes);
+            let h0 = _mm256_unpacklo_epi8(lo, hi); // bf16: cols 2k (k<8) | 2k+1 (k<8)
+            let h1 = _mm256_unpackhi_epi8(lo, hi); // bf16: cols 2k (k>=8) | 2k+1 (k>=8)
+            let p = xp.as_ptr().add(g * super::GROUP);
+            let w0 = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, h0));
+            let w1 = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, h0));
+            let w2 = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, h1));
+            let w3 = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, h1));
+            let s01 = _mm256_fmadd_ps(
+                w1,
+                _mm256_loadu_ps(p.add(8)),
+                _mm256_mul_ps(w0, _mm256_loadu_ps(p)),
+            );
+            let s23 = _mm256_fmadd_ps(
+                w3,
+                _mm256_loadu_ps(p.add(24)),
+                _mm256_mul_ps(w2, _mm256_loadu_ps(p.add(16))),
+            );
+            let scale = super::e8m0_to_f32(*scales.get_unchecked(g)) * 0.5;
+            total = _mm256_fmadd_ps(_mm256_add_ps(s01, s23), _mm256_set1_ps(scale), total);
+        }
+        let mut tail = 0f32;
+        if whole * super::GROUP < n {
+            let mut s = 0f32;
+            for i in whole * super::GROUP..n {
+                s += super::E2M1[super::code_at(packed, i) as usize] * x[i];
+            }
+            tail = s * super::e8m0_to_f32(scales[whole]);
         }
         crate::dot::hsum256(total) + tail
     }
@@ -180,4 +267,36 @@ mod tests {
         x[1] = 1.0;
         assert_eq!(dot_mxfp4(&packed, &[127], &x), 6.0);
     }
+}
+
+/// The order in which the fast kernel decodes a group's 32 columns: within each run of 8 outputs
+/// it yields columns [0, 2, 4, 6, 1, 3, 5, 7] (+ 8m); [`prepare`] permutes x to match, once per
+/// activation, so decoding needs no shuffles back into column order.
+const PERM8: [usize; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
+
+/// x permuted for [`dot_mxfp4_prepared`] (whole groups only; a partial last group reads `x`).
+pub fn prepare(x: &[f32]) -> Vec<f32> {
+    let whole = x.len() / GROUP * GROUP;
+    let mut p = Vec::with_capacity(whole);
+    for g in (0..whole).step_by(GROUP) {
+        // Vectors: [even cols 0..8 | odd cols 0..8], then cols 8..16, 16..24, 24..32 likewise.
+        for half in 0..2 {
+            for quarter in 0..2 {
+                let base = g + half * 16 + quarter * 8;
+                p.extend(PERM8.iter().map(|&c| x[base + c]));
+            }
+        }
+    }
+    p
+}
+
+/// The dot with an activation from [`prepare`]; equals [`dot_mxfp4_reference`] up to summation order.
+pub fn dot_mxfp4_prepared(packed: &[u8], scales: &[u8], x: &[f32], prepared: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if crate::dot::has_avx2_fma_f16c() {
+        // SAFETY: avx2 and fma were detected.
+        return unsafe { x86::dot_mxfp4_prepared_avx2(packed, scales, x, prepared) };
+    }
+    let _ = prepared;
+    dot_mxfp4_reference(packed, scales, x)
 }

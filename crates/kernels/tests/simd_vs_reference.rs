@@ -110,12 +110,28 @@ fn every_format_row_dot_equals_the_exact_dot_of_its_decoded_row() {
     let mut rng = Rand(0x5EED_1234_ABCD_0001);
     for case in 0..60 {
         let out = 1 + rng.below(9);
-        let inp = 1 + rng.below(300);
+        let inp = if case % 3 == 0 {
+            64 * (1 + rng.below(6))
+        } else {
+            1 + rng.below(400)
+        };
         let x = rng.vec(inp);
         for lin in formats(&mut rng, out, inp) {
             let mut row = vec![0f32; inp];
+            // matvec goes through the prepared-activation kernels (INT4, MXFP4).
+            let mut y = vec![0f32; out];
+            lin.matvec(&x, &mut y);
             for r in 0..out {
                 lin.decode_row(r, &mut row);
+                assert_close(
+                    &format!(
+                        "case {case} {} ({out}x{inp}) matvec row {r}",
+                        lin.data.format_name()
+                    ),
+                    y[r],
+                    exact(&row, &x),
+                    2.0 * bound(&row, &x) + 1e-6 * bound(&[1.0], &[1.0]),
+                );
                 // Decoded rows are exact f32 products (scale x code), so the f64 dot is the truth.
                 assert_close(
                     &format!("case {case} {} ({out}x{inp}) row {r}", lin.data.format_name()),
