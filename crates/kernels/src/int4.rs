@@ -111,6 +111,7 @@ pub mod x86 {
         let blocked = super::blocked_len(n, group);
         assert!(packed.len() * 8 >= n && scales.len() * group >= n && p.perm.len() >= blocked);
         let mut total = _mm256_setzero_ps();
+        let shift = group.trailing_zeros(); // group is a power of two here: no division per block
         for b in (0..blocked).step_by(64) {
             let v = _mm256_loadu_si256(packed.as_ptr().add(b / 8) as *const __m256i);
             let xp = p.perm.as_ptr().add(b);
@@ -130,8 +131,8 @@ pub mod x86 {
             a2 = _mm256_fmadd_ps(w(6), _mm256_loadu_ps(xp.add(48)), a2);
             a3 = _mm256_fmadd_ps(top, _mm256_loadu_ps(xp.add(56)), a3);
             let sum = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
-            let sa = bf16_to_f32(*scales.get_unchecked(b / group));
-            let sb = bf16_to_f32(*scales.get_unchecked((b + 32) / group));
+            let sa = bf16_to_f32(*scales.get_unchecked(b >> shift));
+            let sb = bf16_to_f32(*scales.get_unchecked((b + 32) >> shift));
             let sv = _mm256_set_m128(_mm_set1_ps(sb), _mm_set1_ps(sa));
             total = _mm256_fmadd_ps(sum, sv, total);
         }
@@ -159,7 +160,7 @@ pub struct Int4Prepared {
 
 /// Blocks of 64 inputs the fast kernel covers (the rest is the scalar tail).
 fn blocked_len(n: usize, group: usize) -> usize {
-    if group.is_multiple_of(32) {
+    if group.is_multiple_of(32) && group.is_power_of_two() {
         n / 64 * 64
     } else {
         0
