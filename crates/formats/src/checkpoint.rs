@@ -257,3 +257,62 @@ fn read_index(path: &Path) -> Result<(Vec<String>, HashMap<String, String>)> {
     }
     Ok((shards.into_iter().collect(), weight_map))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Writes a safetensors file from (name, dtype, shape, bytes).
+    fn write_safetensors(path: &Path, tensors: &[(&str, &str, Vec<usize>, Vec<u8>)]) {
+        let mut header = serde_json::Map::new();
+        let mut data = Vec::new();
+        for (name, dtype, shape, bytes) in tensors {
+            let begin = data.len();
+            data.extend_from_slice(bytes);
+            header.insert(
+                name.to_string(),
+                serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [begin, data.len()]}),
+            );
+        }
+        let json = serde_json::to_vec(&header).unwrap();
+        let mut out = (json.len() as u64).to_le_bytes().to_vec();
+        out.extend_from_slice(&json);
+        out.extend_from_slice(&data);
+        std::fs::write(path, out).unwrap();
+    }
+
+    #[test]
+    fn opens_a_single_file_checkpoint_and_reads_by_range() {
+        let dir = std::env::temp_dir().join(format!("strata-single-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let a: Vec<u8> = [1.5f32, -2.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let b: Vec<u8> = [
+            half::bf16::from_f32(0.25).to_bits(),
+            half::bf16::from_f32(3.0).to_bits(),
+        ]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+        write_safetensors(
+            &dir.join(SINGLE_FILE),
+            &[("a", "F32", vec![2], a), ("b.weight", "BF16", vec![1, 2], b)],
+        );
+        let ckpt = Checkpoint::open(&dir).unwrap();
+        assert_eq!(ckpt.read_f32("a", &[2]).unwrap(), vec![1.5, -2.0]);
+        assert_eq!(ckpt.read_f32("b.weight", &[1, 2]).unwrap(), vec![0.25, 3.0]);
+        let e = ckpt.read_f32("b.weight", &[2, 1]).unwrap_err().to_string();
+        assert!(e.contains("b.weight") && e.contains("shape"), "{e}");
+        let e = ckpt.entry("missing").unwrap_err().to_string();
+        assert!(e.contains("missing"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_folder_without_weights_is_a_clear_error() {
+        let dir = std::env::temp_dir().join(format!("strata-empty-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let e = Checkpoint::open(&dir).unwrap_err().to_string();
+        assert!(e.contains(INDEX_FILE) && e.contains(SINGLE_FILE), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
