@@ -143,3 +143,58 @@ fn tokenizer_commands_work_on_a_folder_with_only_tokenizer_files() {
     let out = strata(&["detokenize", "--model", dir, "--ids", &csv(&ids)]);
     assert_eq!(out["text"], "Hello world");
 }
+
+#[test]
+fn a_cache_smaller_than_one_expert_changes_nothing_through_the_binary() {
+    // `--expert-cache 1K` holds no expert: every routed expert is read from disk at every use.
+    for name in BF16_MODELS.iter().chain(QUANTIZED_MODELS) {
+        let dir = fixture(name);
+        let dir = dir.to_str().unwrap();
+        let g = golden(name);
+        let rel = rel_tolerance(&g);
+        for prompt in g["prompts"].as_array().unwrap() {
+            let ids = csv(&as_u32s(&prompt["ids"]));
+            let streamed = strata(&["logits", "--model", dir, "--ids", &ids, "--expert-cache", "1K"]);
+            let cached = strata(&["logits", "--model", dir, "--ids", &ids]);
+            assert_eq!(streamed, cached, "{name}: streaming changed the logits");
+            let absmax = prompt["last_logits_absmax"].as_f64().unwrap() as f32;
+            check_last_logits(
+                &as_f32s(&streamed["last_logits"]),
+                &as_f32s(&prompt["last_logits"]),
+                absmax,
+                rel,
+            )
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+        let entry = &g["generation"][0];
+        let want = as_u32s(&entry["new_ids"]);
+        let out = strata(&[
+            "run",
+            "--model",
+            dir,
+            "--ids",
+            &csv(&as_u32s(&entry["prompt_ids"])),
+            "--max-tokens",
+            &want.len().to_string(),
+            "--temperature",
+            "0",
+            "--ignore-eos",
+            "--output",
+            "json",
+            "--expert-cache",
+            "1K",
+        ]);
+        let p = entry["prompt_index"].as_u64().unwrap() as usize;
+        let absmax = g["prompts"][p]["last_logits_absmax"].as_f64().unwrap() as f32;
+        let margins = as_f32s(&entry["step_top2_margin"]);
+        let checked = margins
+            .iter()
+            .position(|&m| m < 2.0 * rel * absmax)
+            .map_or(want.len(), |i| i + 1);
+        assert_eq!(
+            &as_u32s(&out["token_ids"])[..checked],
+            &want[..checked],
+            "{name}: streamed generation"
+        );
+    }
+}

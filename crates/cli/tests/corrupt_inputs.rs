@@ -1,43 +1,21 @@
 //! Broken model folders: every one must fail with a clear error naming the file (and tensor or
 //! key) at fault and a non-zero exit code, never a panic.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value;
-use strata_testkit::fixture;
+use strata_testkit::ScratchCopy;
 
 const MODEL: &str = "qwen3-moe-tiny";
 
-/// A scratch copy of a fixture folder, removed on drop.
-struct Scratch(PathBuf);
+/// A scratch copy of the test model.
+struct Scratch;
 
 impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("strata-corrupt-{}-{tag}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        for entry in std::fs::read_dir(fixture(MODEL)).unwrap() {
-            let entry = entry.unwrap();
-            let name = entry.file_name();
-            if !name.to_string_lossy().starts_with("golden") {
-                std::fs::copy(entry.path(), dir.join(&name)).unwrap();
-                let mut perm = std::fs::metadata(dir.join(&name)).unwrap().permissions();
-                #[allow(clippy::permissions_set_readonly_false)]
-                perm.set_readonly(false);
-                std::fs::set_permissions(dir.join(&name), perm).unwrap();
-            }
-        }
-        Scratch(dir)
-    }
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+    #[allow(clippy::new_ret_no_self)]
+    fn new(tag: &str) -> ScratchCopy {
+        ScratchCopy::new(MODEL, tag)
     }
 }
 

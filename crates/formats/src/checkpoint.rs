@@ -136,6 +136,10 @@ impl Checkpoint {
         })
     }
 
+    pub fn n_shards(&self) -> usize {
+        self.shards.len()
+    }
+
     pub fn shard_path(&self, shard: usize) -> &Path {
         &self.shards[shard].path
     }

@@ -209,6 +209,38 @@ pub mod x86 {
     }
 }
 
+/// The order in which the fast kernel decodes a group's 32 columns: within each run of 8 outputs
+/// it yields columns [0, 2, 4, 6, 1, 3, 5, 7] (+ 8m); [`prepare`] permutes x to match, once per
+/// activation, so decoding needs no shuffles back into column order.
+const PERM8: [usize; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
+
+/// x permuted for [`dot_mxfp4_prepared`] (whole groups only; a partial last group reads `x`).
+pub fn prepare(x: &[f32]) -> Vec<f32> {
+    let whole = x.len() / GROUP * GROUP;
+    let mut p = Vec::with_capacity(whole);
+    for g in (0..whole).step_by(GROUP) {
+        // Vectors: [even cols 0..8 | odd cols 0..8], then cols 8..16, 16..24, 24..32 likewise.
+        for half in 0..2 {
+            for quarter in 0..2 {
+                let base = g + half * 16 + quarter * 8;
+                p.extend(PERM8.iter().map(|&c| x[base + c]));
+            }
+        }
+    }
+    p
+}
+
+/// The dot with an activation from [`prepare`]; equals [`dot_mxfp4_reference`] up to summation order.
+pub fn dot_mxfp4_prepared(packed: &[u8], scales: &[u8], x: &[f32], prepared: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if crate::dot::has_avx2_fma_f16c() {
+        // SAFETY: avx2 and fma were detected.
+        return unsafe { x86::dot_mxfp4_prepared_avx2(packed, scales, x, prepared) };
+    }
+    let _ = prepared;
+    dot_mxfp4_reference(packed, scales, x)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -267,36 +299,4 @@ mod tests {
         x[1] = 1.0;
         assert_eq!(dot_mxfp4(&packed, &[127], &x), 6.0);
     }
-}
-
-/// The order in which the fast kernel decodes a group's 32 columns: within each run of 8 outputs
-/// it yields columns [0, 2, 4, 6, 1, 3, 5, 7] (+ 8m); [`prepare`] permutes x to match, once per
-/// activation, so decoding needs no shuffles back into column order.
-const PERM8: [usize; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
-
-/// x permuted for [`dot_mxfp4_prepared`] (whole groups only; a partial last group reads `x`).
-pub fn prepare(x: &[f32]) -> Vec<f32> {
-    let whole = x.len() / GROUP * GROUP;
-    let mut p = Vec::with_capacity(whole);
-    for g in (0..whole).step_by(GROUP) {
-        // Vectors: [even cols 0..8 | odd cols 0..8], then cols 8..16, 16..24, 24..32 likewise.
-        for half in 0..2 {
-            for quarter in 0..2 {
-                let base = g + half * 16 + quarter * 8;
-                p.extend(PERM8.iter().map(|&c| x[base + c]));
-            }
-        }
-    }
-    p
-}
-
-/// The dot with an activation from [`prepare`]; equals [`dot_mxfp4_reference`] up to summation order.
-pub fn dot_mxfp4_prepared(packed: &[u8], scales: &[u8], x: &[f32], prepared: &[f32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if crate::dot::has_avx2_fma_f16c() {
-        // SAFETY: avx2 and fma were detected.
-        return unsafe { x86::dot_mxfp4_prepared_avx2(packed, scales, x, prepared) };
-    }
-    let _ = prepared;
-    dot_mxfp4_reference(packed, scales, x)
 }

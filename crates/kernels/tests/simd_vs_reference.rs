@@ -121,14 +121,14 @@ fn every_format_row_dot_equals_the_exact_dot_of_its_decoded_row() {
             // matvec goes through the prepared-activation kernels (INT4, MXFP4).
             let mut y = vec![0f32; out];
             lin.matvec(&x, &mut y);
-            for r in 0..out {
+            for (r, &yr) in y.iter().enumerate() {
                 lin.decode_row(r, &mut row);
                 assert_close(
                     &format!(
                         "case {case} {} ({out}x{inp}) matvec row {r}",
                         lin.data.format_name()
                     ),
-                    y[r],
+                    yr,
                     exact(&row, &x),
                     2.0 * bound(&row, &x) + 1e-6 * bound(&[1.0], &[1.0]),
                 );

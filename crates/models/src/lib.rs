@@ -29,7 +29,7 @@ pub use info::{ModelInfo, TensorSummary};
 pub use registry::{family_for, load_model, Family, StoreFactory, FAMILIES};
 pub use store::{Expert, ExpertLayout, ExpertStore};
 pub use trace::{RoutingRecord, Trace};
-pub use weights::{load_linear, load_vector};
+pub use weights::{load_linear, load_vector, resolve_linear, LinearFormat, LinearSpec};
 
 pub type Result<T, E = ModelError> = std::result::Result<T, E>;
 

@@ -9,11 +9,42 @@
 //! | `weight` I8 + `weight_scale` | INT8 per row |
 //! | `weight_packed` I32 + `weight_scale` BF16 (+ `weight_shape`) | INT4 pack-quantized |
 //! | `weight_packed` U8 + `weight_scale` U8 | MXFP4 |
+//!
+//! Resolving (names, shapes, dtypes: all checks) is apart from building (bytes -> [`Linear`]), so
+//! the expert store can resolve every expert at load time and read its bytes later, its own way.
 
 use strata_formats::{bytes_to_f32, Checkpoint, DType, FormatError};
 use strata_kernels::{Linear, WeightData};
 
 use crate::Result;
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum LinearFormat {
+    /// BF16, F16 or F32 `weight`.
+    Dense(DType),
+    /// `weight` F8_E4M3 + `weight_scale_inv` (any float dtype).
+    Fp8 {
+        block: (usize, usize),
+        scale_dtype: DType,
+    },
+    /// `weight` I8 + `weight_scale` (any float dtype, one per row).
+    Int8 { scale_dtype: DType },
+    /// `weight_packed` I32 + `weight_scale` BF16.
+    Int4 { group: usize },
+    /// `weight_packed` U8 + `weight_scale` U8.
+    Mxfp4,
+}
+
+/// A linear layer resolved against the checkpoint: its format and the tensors that hold it, in
+/// the order [`LinearSpec::build`] takes their bytes.
+#[derive(Clone, Debug)]
+pub struct LinearSpec {
+    pub base: String,
+    pub out_dim: usize,
+    pub in_dim: usize,
+    pub format: LinearFormat,
+    pub tensors: Vec<String>,
+}
 
 fn bad(ckpt: &Checkpoint, name: &str, reason: String) -> crate::ModelError {
     let path = ckpt
@@ -34,163 +65,191 @@ fn u16s(b: &[u8]) -> Vec<u16> {
         .collect()
 }
 
-/// Any float tensor as f32 (scales).
-fn read_any_f32(ckpt: &Checkpoint, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-    let e = ckpt.expect(name, shape, &[DType::F32, DType::BF16, DType::F16])?;
-    let dtype = e.info.dtype;
-    Ok(bytes_to_f32(&ckpt.read_bytes(name)?, dtype))
+fn float_dtype(ckpt: &Checkpoint, name: &str, shape: &[usize]) -> Result<DType> {
+    Ok(ckpt
+        .expect(name, shape, &[DType::F32, DType::BF16, DType::F16])?
+        .info
+        .dtype)
 }
 
-/// Loads the linear layer whose tensors start with `base` (e.g. `model.layers.0.self_attn.q_proj`)
-/// as a (out, in) weight in its stored format.
-pub fn load_linear(ckpt: &Checkpoint, base: &str, out_dim: usize, in_dim: usize) -> Result<Linear> {
+/// Finds the tensors of the linear layer `base` (e.g. `model.layers.0.self_attn.q_proj`) and
+/// checks their shapes and dtypes against (out, in), without reading weight bytes.
+pub fn resolve_linear(ckpt: &Checkpoint, base: &str, out_dim: usize, in_dim: usize) -> Result<LinearSpec> {
     let weight = format!("{base}.weight");
     let packed = format!("{base}.weight_packed");
-    let data = if ckpt.contains(&weight) {
+    let spec = |format, tensors: Vec<String>| LinearSpec {
+        base: base.to_string(),
+        out_dim,
+        in_dim,
+        format,
+        tensors,
+    };
+    if ckpt.contains(&weight) {
         let dtype = ckpt.entry(&weight)?.info.dtype;
-        match dtype {
-            DType::BF16 | DType::F16 | DType::F32 => {
-                ckpt.expect(&weight, &[out_dim, in_dim], &[])?;
-                let bytes = ckpt.read_bytes(&weight)?;
-                match dtype {
-                    DType::BF16 => WeightData::bf16_from_le_bytes(&bytes),
-                    DType::F16 => WeightData::f16_from_le_bytes(&bytes),
-                    _ => WeightData::f32_from_le_bytes(&bytes),
-                }
-            }
+        ckpt.expect(&weight, &[out_dim, in_dim], &[])?;
+        return match dtype {
+            DType::BF16 | DType::F16 | DType::F32 => Ok(spec(LinearFormat::Dense(dtype), vec![weight])),
             DType::F8E4M3 => {
-                ckpt.expect(&weight, &[out_dim, in_dim], &[])?;
                 let block = ckpt.quantization().map_or((128, 128), |q| q.fp8_block);
-                let scale_name = format!("{base}.weight_scale_inv");
-                if !ckpt.contains(&scale_name) {
-                    return Err(bad(
-                        ckpt,
-                        &weight,
-                        format!("FP8 weight without its `{scale_name}`"),
-                    ));
+                let scale = format!("{base}.weight_scale_inv");
+                if !ckpt.contains(&scale) {
+                    return Err(bad(ckpt, &weight, format!("FP8 weight without its `{scale}`")));
                 }
                 let grid = [out_dim.div_ceil(block.0), in_dim.div_ceil(block.1)];
-                let scales = read_any_f32(ckpt, &scale_name, &grid)?;
-                WeightData::Fp8 {
-                    w: ckpt.read_bytes(&weight)?,
-                    scales,
-                    block,
-                }
+                let scale_dtype = float_dtype(ckpt, &scale, &grid)?;
+                Ok(spec(
+                    LinearFormat::Fp8 { block, scale_dtype },
+                    vec![weight, scale],
+                ))
             }
             DType::I8 => {
-                ckpt.expect(&weight, &[out_dim, in_dim], &[])?;
-                let scale_name = format!("{base}.weight_scale");
-                if !ckpt.contains(&scale_name) {
+                let scale = format!("{base}.weight_scale");
+                if !ckpt.contains(&scale) {
+                    return Err(bad(ckpt, &weight, format!("INT8 weight without its `{scale}`")));
+                }
+                let shape = ckpt.entry(&scale)?.info.shape.clone();
+                if shape.iter().product::<usize>() != out_dim {
                     return Err(bad(
                         ckpt,
-                        &weight,
-                        format!("INT8 weight without its `{scale_name}`"),
+                        &scale,
+                        format!("shape {shape:?}: expected one scale per output row ({out_dim})"),
                     ));
                 }
-                let scale_shape = ckpt.entry(&scale_name)?.info.shape.clone();
-                if scale_shape.iter().product::<usize>() != out_dim {
-                    return Err(bad(
-                        ckpt,
-                        &scale_name,
-                        format!("shape {scale_shape:?}: expected one scale per output row ({out_dim})"),
-                    ));
-                }
-                let scales = read_any_f32(ckpt, &scale_name, &scale_shape)?;
-                let w = ckpt.read_bytes(&weight)?.into_iter().map(|b| b as i8).collect();
-                WeightData::Int8 { w, scales }
+                let scale_dtype = float_dtype(ckpt, &scale, &shape)?;
+                Ok(spec(LinearFormat::Int8 { scale_dtype }, vec![weight, scale]))
             }
-            other => {
-                return Err(bad(
-                    ckpt,
-                    &weight,
-                    format!("dtype {other} is not a supported weight format"),
-                ))
-            }
-        }
-    } else if ckpt.contains(&packed) {
-        let scale_name = format!("{base}.weight_scale");
-        if !ckpt.contains(&scale_name) {
-            return Err(bad(
+            other => Err(bad(
                 ckpt,
-                &packed,
-                format!("packed weight without its `{scale_name}`"),
-            ));
-        }
-        let shape_name = format!("{base}.weight_shape");
-        if ckpt.contains(&shape_name) {
-            let bytes = ckpt.read_bytes(&shape_name)?;
-            let dtype = ckpt.entry(&shape_name)?.info.dtype;
-            let dims: Vec<i64> = match dtype {
-                DType::I64 => bytes
-                    .chunks_exact(8)
-                    .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
-                    .collect(),
-                DType::I32 => bytes
-                    .chunks_exact(4)
-                    .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as i64)
-                    .collect(),
-                other => return Err(bad(ckpt, &shape_name, format!("dtype {other}: expected I64"))),
-            };
-            if dims != [out_dim as i64, in_dim as i64] {
-                return Err(bad(
-                    ckpt,
-                    &shape_name,
-                    format!("says {dims:?} but config.json implies [{out_dim}, {in_dim}]"),
-                ));
-            }
-        }
-        match ckpt.entry(&packed)?.info.dtype {
-            DType::I32 => {
-                let group = ckpt.quantization().map_or(32, |q| q.group_size);
-                if let Some(bits) = ckpt.quantization().and_then(|q| q.num_bits) {
-                    if bits != 4 {
-                        return Err(bad(
-                            ckpt,
-                            &packed,
-                            format!("{bits}-bit packing is not supported (4-bit is)"),
-                        ));
-                    }
-                }
-                ckpt.expect(&packed, &[out_dim, in_dim.div_ceil(8)], &[])?;
-                ckpt.expect(&scale_name, &[out_dim, in_dim.div_ceil(group)], &[DType::BF16])?;
-                let words = ckpt
-                    .read_bytes(&packed)?
-                    .chunks_exact(4)
-                    .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
-                    .collect();
-                WeightData::Int4 {
-                    packed: words,
-                    scales: u16s(&ckpt.read_bytes(&scale_name)?),
-                    group,
-                }
-            }
-            DType::U8 => {
-                let group = strata_kernels::mxfp4::GROUP;
-                ckpt.expect(&packed, &[out_dim, in_dim.div_ceil(2)], &[])?;
-                ckpt.expect(&scale_name, &[out_dim, in_dim.div_ceil(group)], &[DType::U8])?;
-                WeightData::Mxfp4 {
-                    packed: ckpt.read_bytes(&packed)?,
-                    scales: ckpt.read_bytes(&scale_name)?,
-                }
-            }
-            other => {
-                return Err(bad(
-                    ckpt,
-                    &packed,
-                    format!("dtype {other} is not a supported packing"),
-                ))
-            }
-        }
-    } else {
+                &weight,
+                format!("dtype {other} is not a supported weight format"),
+            )),
+        };
+    }
+    if !ckpt.contains(&packed) {
         return Err(FormatError::MissingTensor {
             dir: ckpt.dir().to_path_buf(),
             tensor: weight,
         }
         .into());
+    }
+    let scale = format!("{base}.weight_scale");
+    if !ckpt.contains(&scale) {
+        return Err(bad(ckpt, &packed, format!("packed weight without its `{scale}`")));
+    }
+    check_weight_shape(ckpt, &format!("{base}.weight_shape"), out_dim, in_dim)?;
+    match ckpt.entry(&packed)?.info.dtype {
+        DType::I32 => {
+            let group = ckpt.quantization().map_or(32, |q| q.group_size);
+            if let Some(bits) = ckpt.quantization().and_then(|q| q.num_bits) {
+                if bits != 4 {
+                    return Err(bad(
+                        ckpt,
+                        &packed,
+                        format!("{bits}-bit packing is not supported (4-bit is)"),
+                    ));
+                }
+            }
+            ckpt.expect(&packed, &[out_dim, in_dim.div_ceil(8)], &[])?;
+            ckpt.expect(&scale, &[out_dim, in_dim.div_ceil(group)], &[DType::BF16])?;
+            Ok(spec(LinearFormat::Int4 { group }, vec![packed, scale]))
+        }
+        DType::U8 => {
+            ckpt.expect(&packed, &[out_dim, in_dim.div_ceil(2)], &[])?;
+            ckpt.expect(
+                &scale,
+                &[out_dim, in_dim.div_ceil(strata_kernels::mxfp4::GROUP)],
+                &[DType::U8],
+            )?;
+            Ok(spec(LinearFormat::Mxfp4, vec![packed, scale]))
+        }
+        other => Err(bad(
+            ckpt,
+            &packed,
+            format!("dtype {other} is not a supported packing"),
+        )),
+    }
+}
+
+/// compressed-tensors' `weight_shape` (I64 [2]), when present, must be the shape config.json implies.
+fn check_weight_shape(ckpt: &Checkpoint, name: &str, out_dim: usize, in_dim: usize) -> Result<()> {
+    if !ckpt.contains(name) {
+        return Ok(());
+    }
+    let bytes = ckpt.read_bytes(name)?;
+    let dims: Vec<i64> = match ckpt.entry(name)?.info.dtype {
+        DType::I64 => bytes
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect(),
+        DType::I32 => bytes
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as i64)
+            .collect(),
+        other => return Err(bad(ckpt, name, format!("dtype {other}: expected I64"))),
     };
-    data.check_shape(out_dim, in_dim)
-        .map_err(|e| bad(ckpt, base, e))?;
-    Ok(Linear::new(out_dim, in_dim, data))
+    if dims != [out_dim as i64, in_dim as i64] {
+        return Err(bad(
+            ckpt,
+            name,
+            format!("says {dims:?} but config.json implies [{out_dim}, {in_dim}]"),
+        ));
+    }
+    Ok(())
+}
+
+impl LinearSpec {
+    /// Builds the weight from the bytes of `self.tensors`, in order (as read from disk).
+    pub fn build(&self, bytes: &[&[u8]]) -> std::result::Result<Linear, String> {
+        if bytes.len() != self.tensors.len() {
+            return Err(format!(
+                "{}: expected {} tensors, got {}",
+                self.base,
+                self.tensors.len(),
+                bytes.len()
+            ));
+        }
+        let data = match &self.format {
+            LinearFormat::Dense(DType::BF16) => WeightData::bf16_from_le_bytes(bytes[0]),
+            LinearFormat::Dense(DType::F16) => WeightData::f16_from_le_bytes(bytes[0]),
+            LinearFormat::Dense(_) => WeightData::f32_from_le_bytes(bytes[0]),
+            LinearFormat::Fp8 { block, scale_dtype } => WeightData::Fp8 {
+                w: bytes[0].to_vec(),
+                scales: bytes_to_f32(bytes[1], *scale_dtype),
+                block: *block,
+            },
+            LinearFormat::Int8 { scale_dtype } => WeightData::Int8 {
+                w: bytes[0].iter().map(|&b| b as i8).collect(),
+                scales: bytes_to_f32(bytes[1], *scale_dtype),
+            },
+            LinearFormat::Int4 { group } => WeightData::Int4 {
+                packed: bytes[0]
+                    .chunks_exact(4)
+                    .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+                    .collect(),
+                scales: u16s(bytes[1]),
+                group: *group,
+            },
+            LinearFormat::Mxfp4 => WeightData::Mxfp4 {
+                packed: bytes[0].to_vec(),
+                scales: bytes[1].to_vec(),
+            },
+        };
+        data.check_shape(self.out_dim, self.in_dim)
+            .map_err(|e| format!("{}: {e}", self.base))?;
+        Ok(Linear::new(self.out_dim, self.in_dim, data))
+    }
+}
+
+/// Loads the linear layer whose tensors start with `base` as a (out, in) weight in its stored format.
+pub fn load_linear(ckpt: &Checkpoint, base: &str, out_dim: usize, in_dim: usize) -> Result<Linear> {
+    let spec = resolve_linear(ckpt, base, out_dim, in_dim)?;
+    let bytes = spec
+        .tensors
+        .iter()
+        .map(|t| ckpt.read_bytes(t))
+        .collect::<Result<Vec<_>, _>>()?;
+    let refs: Vec<&[u8]> = bytes.iter().map(|b| b.as_slice()).collect();
+    spec.build(&refs).map_err(|e| bad(ckpt, base, e))
 }
 
 /// A one-dimensional f32 parameter (norm weights, biases).

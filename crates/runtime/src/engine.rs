@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use strata_experts::ResidentStore;
+use strata_experts::CachedStore;
 use strata_formats::{Checkpoint, DType, GenerationConfig, JsonConfig, QuantizationConfig};
 use strata_models::{family_for, load_model, ExpertLayout, ExpertStore, KvCache, Model, SeqInput, Trace};
 use strata_tokenizer::Tokenizer;
@@ -28,13 +28,47 @@ pub enum EngineError {
 }
 
 #[derive(Clone, Debug, Default)]
-pub struct LoadOptions {}
+pub struct LoadOptions {
+    /// Bytes of decoded routed experts to keep in RAM. Default: half the available memory.
+    pub expert_cache: Option<usize>,
+}
+
+/// Parses a size such as `512M`, `8G`, `1.5GiB`, `30K` or `123456` (bytes); binary units.
+pub fn parse_size(text: &str) -> Result<usize, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("`{text}` is not a size (e.g. 512M, 8G, 1048576)"))?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" | "kib" => 1024.0,
+        "m" | "mb" | "mib" => 1024.0 * 1024.0,
+        "g" | "gb" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        "t" | "tb" | "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        other => return Err(format!("`{text}`: unknown unit `{other}` (use K, M, G or T)")),
+    };
+    Ok((value * mult) as usize)
+}
+
+/// MemAvailable from /proc/meminfo, if readable.
+pub fn available_memory() -> Option<usize> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
 
 pub struct Engine {
     pub dir: PathBuf,
     pub model: Box<dyn Model>,
     pub tokenizer: Option<Tokenizer>,
     pub generation: GenerationConfig,
+    /// The routed-expert store (its statistics: hits, misses, bytes read).
+    pub experts: Option<Arc<CachedStore>>,
 }
 
 /// `logits` output: argmax at every position and the full logits of the last one.
@@ -47,11 +81,17 @@ pub struct LogitsOutput {
 }
 
 impl Engine {
-    pub fn load(dir: &Path, _options: &LoadOptions) -> Result<Engine, EngineError> {
+    pub fn load(dir: &Path, options: &LoadOptions) -> Result<Engine, EngineError> {
         let cfg = JsonConfig::read(&dir.join("config.json"))?;
         let ckpt = Checkpoint::open(dir)?.with_quantization(QuantizationConfig::from_config(&cfg)?);
+        let budget = options
+            .expert_cache
+            .unwrap_or_else(|| available_memory().map_or(4 << 30, |m| m / 2));
+        let store_slot: std::cell::RefCell<Option<Arc<CachedStore>>> = Default::default();
         let factory = |layout: &ExpertLayout| -> strata_models::Result<Arc<dyn ExpertStore>> {
-            Ok(Arc::new(ResidentStore::load(&ckpt, layout)?))
+            let store = Arc::new(CachedStore::open(&ckpt, layout, budget)?);
+            *store_slot.borrow_mut() = Some(store.clone());
+            Ok(store)
         };
         let model = load_model(&cfg, &ckpt, &factory)?;
         let tokenizer = if dir.join("tokenizer.json").exists() || dir.join("tiktoken.model").exists() {
@@ -73,6 +113,7 @@ impl Engine {
             model,
             tokenizer,
             generation,
+            experts: store_slot.into_inner(),
         })
     }
 

@@ -8,7 +8,7 @@ mod rng;
 mod sampler;
 mod stop;
 
-pub use engine::{Engine, EngineError, LoadOptions, LogitsOutput, ModelPlan};
+pub use engine::{available_memory, parse_size, Engine, EngineError, LoadOptions, LogitsOutput, ModelPlan};
 pub use generate::{FinishReason, GenEvent, Request};
 pub use rng::Rng;
 pub use sampler::{Sampler, SamplingParams};

@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 use strata_models::Trace;
-use strata_runtime::{Engine, FinishReason, GenEvent, LoadOptions, Request, SamplingParams};
+use strata_runtime::{Engine, FinishReason, GenEvent, LoadOptions, ModelPlan, Request, SamplingParams};
 use strata_testkit::{
     as_f32s, as_u32s, as_usizes, check_last_logits, fixture, golden, golden_tensor, rel_tolerance,
     BF16_MODELS, QUANTIZED_MODELS,
@@ -12,6 +12,20 @@ use strata_testkit::{
 
 fn load(name: &str) -> Engine {
     Engine::load(&fixture(name), &LoadOptions::default()).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// An engine whose expert cache holds 3 experts: less than one layer's, so nearly every routed
+/// expert is read from disk and the cache evicts all the time.
+fn load_streaming(name: &str) -> Engine {
+    let plan = ModelPlan::from_dir(&fixture(name)).unwrap();
+    assert!(
+        plan.layout.n_experts > 3,
+        "{name}: the test needs more than 3 experts per layer"
+    );
+    let options = LoadOptions {
+        expert_cache: Some(3 * plan.bytes_per_expert() as usize),
+    };
+    Engine::load(&fixture(name), &options).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
 pub fn check_prompts(name: &str, engine: &Engine, g: &Value, rel: f32) {
@@ -154,5 +168,32 @@ fn quantized_models_match_goldens() {
         check_prompts(name, &engine, &g, rel);
         check_routing(name, &engine, &g);
         check_generation(name, &engine, &g, rel);
+    }
+}
+
+#[test]
+fn streaming_every_expert_from_disk_changes_no_result() {
+    for name in BF16_MODELS.iter().chain(QUANTIZED_MODELS) {
+        let engine = load_streaming(name);
+        let g = golden(name);
+        let rel = rel_tolerance(&g);
+        check_prompts(name, &engine, &g, rel);
+        check_routing(name, &engine, &g);
+        check_generation(name, &engine, &g, rel);
+        // And bit-for-bit the same logits as with every expert cached.
+        let ids = as_u32s(&g["prompts"][2]["ids"]);
+        let cached = load(name).logits(&ids).unwrap();
+        assert_eq!(
+            engine.logits(&ids).unwrap().all_logits,
+            cached.all_logits,
+            "{name}: streaming changed logits"
+        );
+        let stats = &engine.experts.as_ref().unwrap().stats;
+        let evictions = stats.evictions.load(std::sync::atomic::Ordering::Relaxed);
+        let read = stats.bytes_read.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(
+            evictions > 0 && read > 0,
+            "{name}: expected reads and evictions, got {read} bytes, {evictions} evictions"
+        );
     }
 }

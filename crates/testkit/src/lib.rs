@@ -111,3 +111,38 @@ pub fn check_last_logits(engine: &[f32], golden: &[f32], absmax: f32, rel: f32) 
 /// The model folders with quantized weights (FP8 block-scaled; INT4 pack-quantized experts) and
 /// goldens computed from their exactly dequantized weights.
 pub const QUANTIZED_MODELS: &[&str] = &["deepseek-v3-tiny-fp8", "kimi-k2-tiny-int4"];
+
+/// A writable scratch copy of a fixture model folder (golden files left out), removed on drop.
+pub struct ScratchCopy(pub std::path::PathBuf);
+
+impl ScratchCopy {
+    pub fn new(model: &str, tag: &str) -> ScratchCopy {
+        let dir = std::env::temp_dir().join(format!("strata-scratch-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        for entry in std::fs::read_dir(fixture(model)).unwrap() {
+            let entry = entry.unwrap();
+            let name = entry.file_name();
+            if name.to_string_lossy().starts_with("golden") {
+                continue;
+            }
+            let to = dir.join(&name);
+            std::fs::copy(entry.path(), &to).unwrap();
+            let mut perm = std::fs::metadata(&to).unwrap().permissions();
+            #[allow(clippy::permissions_set_readonly_false)]
+            perm.set_readonly(false);
+            std::fs::set_permissions(&to, perm).unwrap();
+        }
+        ScratchCopy(dir)
+    }
+
+    pub fn path(&self, name: &str) -> std::path::PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for ScratchCopy {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

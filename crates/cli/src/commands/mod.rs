@@ -72,6 +72,24 @@ impl ModelArg {
     }
 }
 
+/// How much memory the engine may use for what.
+#[derive(clap::Args, Clone, Debug)]
+pub struct MemArgs {
+    /// RAM for decoded routed experts (LRU cache over direct disk reads), e.g. 512M, 8G.
+    /// Every expert the router picks is used; a smaller cache only means more reads.
+    /// Default: half the available memory.
+    #[arg(long, value_name = "SIZE", value_parser = strata_runtime::parse_size)]
+    expert_cache: Option<usize>,
+}
+
+impl MemArgs {
+    pub fn load_options(&self) -> strata_runtime::LoadOptions {
+        strata_runtime::LoadOptions {
+            expert_cache: self.expert_cache,
+        }
+    }
+}
+
 /// Parses `1,2,3` (spaces allowed) into token ids.
 pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
     let ids = s

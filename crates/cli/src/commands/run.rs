@@ -5,9 +5,9 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use serde_json::json;
-use strata_runtime::{Engine, GenEvent, LoadOptions, Request, SamplingParams};
+use strata_runtime::{Engine, GenEvent, Request, SamplingParams};
 
-use super::{parse_ids, ModelArg};
+use super::{parse_ids, MemArgs, ModelArg};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Output {
@@ -22,6 +22,8 @@ pub enum Output {
 pub struct RunArgs {
     #[command(flatten)]
     model: ModelArg,
+    #[command(flatten)]
+    mem: MemArgs,
     /// The prompt text (encoded with the tokenizer's special tokens, e.g. BOS, unless --chat).
     #[arg(long, short = 'p', value_name = "TEXT")]
     prompt: Option<String>,
@@ -143,7 +145,7 @@ fn prompt_ids(args: &RunArgs, engine: &Engine) -> Result<Vec<u32>> {
 pub fn run(args: RunArgs) -> Result<()> {
     let dir = args.model.resolve()?;
     let t_load = Instant::now();
-    let engine = Engine::load(&dir, &LoadOptions::default())
+    let engine = Engine::load(&dir, &args.mem.load_options())
         .with_context(|| format!("loading model {}", args.model.describe()))?;
     let load_s = t_load.elapsed().as_secs_f64();
     let request = Request {

@@ -5,15 +5,17 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use serde_json::json;
-use strata_runtime::{Engine, LoadOptions};
+use strata_runtime::Engine;
 use strata_tokenizer::Tokenizer;
 
-use super::{parse_ids, ModelArg};
+use super::{parse_ids, MemArgs, ModelArg};
 
 #[derive(clap::Args)]
 pub struct LogitsArgs {
     #[command(flatten)]
     model: ModelArg,
+    #[command(flatten)]
+    mem: MemArgs,
     /// Token ids, comma-separated (e.g. 1,2,3).
     #[arg(long, value_name = "IDS")]
     ids: String,
@@ -22,7 +24,7 @@ pub struct LogitsArgs {
 pub fn logits(args: LogitsArgs) -> Result<()> {
     let ids = parse_ids(&args.ids)?;
     let dir = args.model.resolve()?;
-    let engine = Engine::load(&dir, &LoadOptions::default())?;
+    let engine = Engine::load(&dir, &args.mem.load_options())?;
     let out = engine.logits(&ids)?;
     let body = json!({"argmax": out.argmax, "last_logits": out.last_logits});
     println!("{}", serde_json::to_string(&body)?);

@@ -1,0 +1,45 @@
+//! A shard that shrinks while the engine runs (the expert store reads it lazily) gives a clear
+//! error naming the file, not a panic or wrong output.
+
+use strata_runtime::{Engine, LoadOptions, ModelPlan};
+use strata_testkit::{as_u32s, golden, ScratchCopy};
+
+#[test]
+fn a_shard_truncated_mid_run_is_a_clear_error() {
+    let model = "qwen3-moe-tiny";
+    let scratch = ScratchCopy::new(model, "shrink");
+    let plan = ModelPlan::from_dir(&scratch.0).unwrap();
+    // No expert fits in the cache: every routed expert is read at use.
+    let engine = Engine::load(
+        &scratch.0,
+        &LoadOptions {
+            expert_cache: Some(1),
+        },
+    )
+    .unwrap();
+    let ids = as_u32s(&golden(model)["prompts"][1]["ids"]);
+    engine.logits(&ids).unwrap();
+
+    // Cut every shard that holds experts to its header: the reads that follow run past the end.
+    let mut cut = Vec::new();
+    for entry in std::fs::read_dir(&scratch.0).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "safetensors") {
+            let header = strata_formats::parse_header(&path).unwrap();
+            let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            f.set_len(header.data_start).unwrap();
+            cut.push(path.file_name().unwrap().to_string_lossy().to_string());
+        }
+    }
+    assert!(plan.expert_bytes > 0);
+    let err = engine
+        .logits(&ids)
+        .err()
+        .expect("reading a truncated shard must fail")
+        .to_string();
+    assert!(
+        cut.iter().any(|name| err.contains(name.as_str())),
+        "error names no shard: {err}"
+    );
+    assert!(err.contains("truncated"), "error does not say why: {err}");
+}
