@@ -34,8 +34,7 @@ fn a_shard_truncated_mid_run_is_a_clear_error() {
     assert!(plan.expert_bytes > 0);
     let err = engine
         .logits(&ids)
-        .err()
-        .expect("reading a truncated shard must fail")
+        .expect_err("reading a truncated shard must fail")
         .to_string();
     assert!(
         cut.iter().any(|name| err.contains(name.as_str())),
