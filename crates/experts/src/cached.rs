@@ -1,10 +1,16 @@
 //! The disk-backed expert store: a RAM cache with a byte budget (LRU) over direct reads of the
-//! checkpoint's shards. Every routed expert is returned; a miss is read, never skipped. The misses
-//! of one call are read in parallel, one contiguous read per run of the expert's tensors.
+//! checkpoint's shards, fed by a pool of reader threads. Every routed expert is returned; a miss is
+//! read, never skipped.
+//!
+//! Reads are requests to the pool: `get` submits a layer's misses at once and waits for them;
+//! `prefetch` submits reads of experts the model predicts for a later layer (their bytes arrive
+//! while this layer computes). A request for an expert already in flight waits for that read
+//! instead of issuing another. When the real routing of a layer arrives, queued guesses that lost
+//! are cancelled; recall and wasted bytes are counted.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 
 use strata_formats::Checkpoint;
 use strata_models::{Expert, ExpertLayout, ExpertStore};
@@ -13,6 +19,10 @@ use crate::direct::DirectFile;
 use crate::plan::ExpertPlan;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type Key = (usize, usize);
+
+/// The result of a queued guess that was cancelled before it was read.
+const CANCELLED: &str = "cancelled";
 
 #[derive(Debug, Default)]
 pub struct StoreStats {
@@ -20,6 +30,27 @@ pub struct StoreStats {
     pub misses: AtomicU64,
     pub bytes_read: AtomicU64,
     pub evictions: AtomicU64,
+    /// Wall time callers spent waiting for expert reads (and their decoding).
+    pub wait_ns: AtomicU64,
+    /// Experts asked for whose layer had a prediction, and how many of them were predicted.
+    pub predicted_asked: AtomicU64,
+    pub predicted_right: AtomicU64,
+    /// Predicted experts the layer did not use (read or cancelled), and the bytes actually read for them.
+    pub predicted_wrong: AtomicU64,
+    pub wasted_bytes: AtomicU64,
+}
+
+impl StoreStats {
+    /// [hits, misses, bytes_read, evictions, wait_ns]
+    pub fn snapshot(&self) -> [u64; 5] {
+        [
+            self.hits.load(Ordering::Relaxed),
+            self.misses.load(Ordering::Relaxed),
+            self.bytes_read.load(Ordering::Relaxed),
+            self.evictions.load(Ordering::Relaxed),
+            self.wait_ns.load(Ordering::Relaxed),
+        ]
+    }
 }
 
 struct Entry {
@@ -30,29 +61,75 @@ struct Entry {
 
 #[derive(Default)]
 struct Lru {
-    map: HashMap<(usize, usize), Entry>,
+    map: HashMap<Key, Entry>,
     /// tick -> key, oldest first.
-    order: BTreeMap<u64, (usize, usize)>,
+    order: BTreeMap<u64, Key>,
     bytes: usize,
     tick: u64,
 }
 
-pub struct CachedStore {
-    files: Vec<DirectFile>,
-    plans: HashMap<(usize, usize), ExpertPlan>,
-    budget: usize,
-    io_threads: usize,
-    lru: Mutex<Lru>,
-    pub stats: StoreStats,
+/// One read in flight (or queued): whoever needs the expert waits here.
+struct InFlight {
+    result: Mutex<Option<Result<Arc<Expert>, String>>>,
+    ready: Condvar,
+    cancelled: AtomicBool,
+    speculative: AtomicBool,
 }
 
+impl InFlight {
+    fn wait(&self) -> Result<Arc<Expert>, String> {
+        // (the result of a cancelled guess is CANCELLED; callers that need it request it again)
+        let mut r = self.result.lock().expect("in-flight lock");
+        while r.is_none() {
+            r = self.ready.wait(r).expect("in-flight wait");
+        }
+        r.clone().expect("set")
+    }
+}
+
+struct Shared {
+    files: Vec<DirectFile>,
+    plans: HashMap<Key, ExpertPlan>,
+    budget: usize,
+    lru: Mutex<Lru>,
+    inflight: Mutex<HashMap<Key, Arc<InFlight>>>,
+    queue: Mutex<VecDeque<(Key, Arc<InFlight>)>>,
+    queued: Condvar,
+    shutdown: AtomicBool,
+    /// The latest prediction per layer, consumed by that layer's `get`.
+    predictions: Mutex<HashMap<usize, HashSet<usize>>>,
+    prefetch: bool,
+    stats: StoreStats,
+}
+
+pub struct CachedStore {
+    shared: Arc<Shared>,
+    workers: Vec<std::thread::JoinHandle<()>>,
+    pub stats: Arc<StatsView>,
+}
+
+/// Read access to the store's counters (kept alive by the store).
+pub struct StatsView(Arc<Shared>);
+
+impl std::ops::Deref for StatsView {
+    type Target = StoreStats;
+    fn deref(&self) -> &StoreStats {
+        &self.0.stats
+    }
+}
+
+/// Reader threads: direct reads overlap each other (the device queues them) and compute.
+pub const DEFAULT_IO_THREADS: usize = 8;
+
 impl CachedStore {
-    /// Resolves every expert of `layout` (all checks happen now, not mid-generation) and opens the
-    /// shards for direct reads. `budget` bounds the decoded experts held in RAM.
+    /// Resolves every expert of `layout` (all checks happen now, not mid-generation), opens the
+    /// shards for direct reads and starts the reader pool. `budget` bounds the decoded experts
+    /// held in RAM; `prefetch` enables reads of predicted experts.
     pub fn open(
         ckpt: &Checkpoint,
         layout: &ExpertLayout,
         budget: usize,
+        prefetch: bool,
     ) -> strata_models::Result<CachedStore> {
         let mut plans = HashMap::new();
         for &layer in &layout.moe_layers {
@@ -69,32 +146,134 @@ impl CachedStore {
             })?;
             files.push(file);
         }
-        Ok(CachedStore {
+        let shared = Arc::new(Shared {
             files,
             plans,
             budget,
-            io_threads: 8,
             lru: Mutex::new(Lru::default()),
+            inflight: Mutex::new(HashMap::new()),
+            queue: Mutex::new(VecDeque::new()),
+            queued: Condvar::new(),
+            shutdown: AtomicBool::new(false),
+            predictions: Mutex::new(HashMap::new()),
+            prefetch,
             stats: StoreStats::default(),
+        });
+        let workers = (0..DEFAULT_IO_THREADS)
+            .map(|i| {
+                let shared = shared.clone();
+                std::thread::Builder::new()
+                    .name(format!("strata-io-{i}"))
+                    .spawn(move || shared.worker())
+                    .expect("spawning a reader thread")
+            })
+            .collect();
+        Ok(CachedStore {
+            stats: Arc::new(StatsView(shared.clone())),
+            shared,
+            workers,
         })
     }
 
     pub fn budget(&self) -> usize {
-        self.budget
+        self.shared.budget
     }
 
     /// Bytes of decoded experts held now.
     pub fn cached_bytes(&self) -> usize {
-        self.lru.lock().expect("cache lock").bytes
+        self.shared.lru.lock().expect("cache lock").bytes
     }
 
-    /// Reads and decodes one expert from disk.
+    /// The disk's own bound for this access pattern: reads the byte runs of `samples` experts
+    /// (spread over every MoE layer) with the same direct reads and parallelism as the pool,
+    /// without decoding. Returns (bytes, seconds).
+    pub fn raw_read_bandwidth(&self, samples: usize) -> std::io::Result<(u64, f64)> {
+        let s = &self.shared;
+        let mut keys: Vec<Key> = s.plans.keys().copied().collect();
+        keys.sort();
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut pick = Vec::with_capacity(samples);
+        for _ in 0..samples.min(keys.len()) {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            pick.push(keys[(state % keys.len() as u64) as usize]);
+        }
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let t0 = std::time::Instant::now();
+        let bytes: std::io::Result<u64> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..DEFAULT_IO_THREADS)
+                .map(|_| {
+                    scope.spawn(|| -> std::io::Result<u64> {
+                        let mut n = 0;
+                        loop {
+                            let i = next.fetch_add(1, Ordering::Relaxed);
+                            let Some(key) = pick.get(i) else { return Ok(n) };
+                            for run in &s.plans[key].runs {
+                                s.files[run.shard].read_range(run.offset, run.len as usize)?;
+                                n += run.len;
+                            }
+                        }
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("reader thread"))
+                .sum()
+        });
+        Ok((bytes?, t0.elapsed().as_secs_f64()))
+    }
+}
+
+impl Drop for CachedStore {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::Relaxed);
+        self.shared.queued.notify_all();
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+impl Shared {
+    fn worker(&self) {
+        loop {
+            let job = {
+                let mut q = self.queue.lock().expect("queue lock");
+                loop {
+                    if self.shutdown.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    if let Some(job) = q.pop_front() {
+                        break job;
+                    }
+                    q = self.queued.wait(q).expect("queue wait");
+                }
+            };
+            let (key, slot) = job;
+            let result = if slot.cancelled.load(Ordering::Relaxed) {
+                Err(CANCELLED.to_string())
+            } else {
+                self.read(key.0, key.1).map(Arc::new).map_err(|e| e.to_string())
+            };
+            if let Ok(expert) = &result {
+                self.insert(key, expert.clone());
+            }
+            self.inflight.lock().expect("in-flight lock").remove(&key);
+            *slot.result.lock().expect("in-flight lock") = Some(result);
+            slot.ready.notify_all();
+        }
+    }
+
+    /// Reads and decodes one expert from disk: one direct read per run, tensors decoded straight
+    /// from the read buffers.
     fn read(&self, layer: usize, expert: usize) -> Result<Expert, BoxError> {
         let plan = &self.plans[&(layer, expert)];
-        let mut pieces: Vec<Option<Vec<u8>>> = vec![None; plan.tensors.len()];
+        let mut buffers = Vec::with_capacity(plan.runs.len());
         for run in &plan.runs {
             let file = &self.files[run.shard];
-            let (buf, skip) = file.read_range(run.offset, run.len as usize).map_err(|e| {
+            let read = file.read_range(run.offset, run.len as usize).map_err(|e| {
                 format!(
                     "{}: reading expert {expert} of layer {layer} ({} bytes at {}): {e}",
                     file.path().display(),
@@ -103,18 +282,20 @@ impl CachedStore {
                 )
             })?;
             self.stats.bytes_read.fetch_add(run.len, Ordering::Relaxed);
-            let data = &buf.as_slice()[skip..];
+            buffers.push(read);
+        }
+        let mut pieces: Vec<&[u8]> = vec![&[]; plan.tensors.len()];
+        for (run, (buf, skip)) in plan.runs.iter().zip(&buffers) {
+            let data = &buf.as_slice()[*skip..];
             for &(i, off, len) in &run.pieces {
-                pieces[i] = Some(data[off as usize..(off + len) as usize].to_vec());
+                pieces[i] = &data[off as usize..(off + len) as usize];
             }
         }
         let mut next = 0;
         let mut build = |spec: &strata_models::LinearSpec| -> Result<strata_kernels::Linear, BoxError> {
-            let refs: Vec<&[u8]> = (next..next + spec.tensors.len())
-                .map(|i| pieces[i].as_deref().expect("every tensor is in a run"))
-                .collect();
+            let refs = &pieces[next..next + spec.tensors.len()];
             next += spec.tensors.len();
-            Ok(spec.build(&refs)?)
+            Ok(spec.build(refs)?)
         };
         Ok(Expert {
             gate: build(&plan.specs[0])?,
@@ -123,10 +304,10 @@ impl CachedStore {
         })
     }
 
-    fn insert(&self, key: (usize, usize), expert: Arc<Expert>) {
+    fn insert(&self, key: Key, expert: Arc<Expert>) {
         let bytes = expert.bytes();
         if bytes > self.budget {
-            return; // used for this step only
+            return; // used by whoever waits for it, then dropped
         }
         let mut lru = self.lru.lock().expect("cache lock");
         if lru.map.contains_key(&key) {
@@ -147,60 +328,152 @@ impl CachedStore {
         lru.bytes += bytes;
         lru.map.insert(key, Entry { expert, bytes, tick });
     }
+
+    /// A cached expert (refreshing its recency), if any.
+    fn lookup(&self, key: Key) -> Option<Arc<Expert>> {
+        let mut lru = self.lru.lock().expect("cache lock");
+        lru.tick += 1;
+        let tick = lru.tick;
+        let Lru { map, order, .. } = &mut *lru;
+        let entry = map.get_mut(&key)?;
+        order.remove(&entry.tick);
+        entry.tick = tick;
+        order.insert(tick, key);
+        Some(entry.expert.clone())
+    }
+
+    /// The read of `key`, already in flight or newly queued.
+    fn request(&self, key: Key, speculative: bool) -> Arc<InFlight> {
+        let mut inflight = self.inflight.lock().expect("in-flight lock");
+        if let Some(slot) = inflight.get(&key) {
+            if !speculative {
+                slot.speculative.store(false, Ordering::Relaxed);
+                slot.cancelled.store(false, Ordering::Relaxed);
+            }
+            return slot.clone();
+        }
+        let slot = Arc::new(InFlight {
+            result: Mutex::new(None),
+            ready: Condvar::new(),
+            cancelled: AtomicBool::new(false),
+            speculative: AtomicBool::new(speculative),
+        });
+        inflight.insert(key, slot.clone());
+        drop(inflight);
+        self.queue
+            .lock()
+            .expect("queue lock")
+            .push_back((key, slot.clone()));
+        self.queued.notify_one();
+        slot
+    }
+
+    /// Scores the layer's prediction against its real routing and cancels queued losers.
+    fn settle_prediction(&self, layer: usize, ids: &[usize]) {
+        let Some(predicted) = self.predictions.lock().expect("prediction lock").remove(&layer) else {
+            return;
+        };
+        let asked: HashSet<usize> = ids.iter().copied().collect();
+        let right = asked.intersection(&predicted).count() as u64;
+        self.stats
+            .predicted_asked
+            .fetch_add(asked.len() as u64, Ordering::Relaxed);
+        self.stats.predicted_right.fetch_add(right, Ordering::Relaxed);
+        let inflight = self.inflight.lock().expect("in-flight lock");
+        for &e in predicted.difference(&asked) {
+            self.stats.predicted_wrong.fetch_add(1, Ordering::Relaxed);
+            match inflight.get(&(layer, e)) {
+                Some(slot) if slot.speculative.load(Ordering::Relaxed) => {
+                    slot.cancelled.store(true, Ordering::Relaxed)
+                }
+                // Read already (or being read): its bytes were spent for nothing.
+                _ => {
+                    self.stats
+                        .wasted_bytes
+                        .fetch_add(self.plans[&(layer, e)].bytes, Ordering::Relaxed);
+                }
+            }
+        }
+    }
 }
 
 impl ExpertStore for CachedStore {
     fn get(&self, layer: usize, ids: &[usize]) -> Result<Vec<Arc<Expert>>, BoxError> {
-        let mut out: Vec<Option<Arc<Expert>>> = vec![None; ids.len()];
-        let mut misses = Vec::new();
-        {
-            let mut lru = self.lru.lock().expect("cache lock");
-            for (i, &e) in ids.iter().enumerate() {
-                if !self.plans.contains_key(&(layer, e)) {
-                    return Err(
-                        format!("expert {e} of layer {layer} does not exist in this checkpoint").into(),
-                    );
-                }
-                lru.tick += 1;
-                let tick = lru.tick;
-                let Lru { map, order, .. } = &mut *lru;
-                if let Some(entry) = map.get_mut(&(layer, e)) {
-                    order.remove(&entry.tick);
-                    entry.tick = tick;
-                    order.insert(tick, (layer, e));
-                    out[i] = Some(entry.expert.clone());
-                } else {
-                    misses.push(i);
+        let s = &self.shared;
+        for &e in ids {
+            if !s.plans.contains_key(&(layer, e)) {
+                return Err(format!("expert {e} of layer {layer} does not exist in this checkpoint").into());
+            }
+        }
+        s.settle_prediction(layer, ids);
+        // Hits now; every miss submitted before waiting on any, so they are in flight together.
+        let mut slots = Vec::with_capacity(ids.len());
+        let mut misses = 0;
+        for &e in ids {
+            match s.lookup((layer, e)) {
+                Some(expert) => slots.push(Ok(expert)),
+                None => {
+                    misses += 1;
+                    slots.push(Err(s.request((layer, e), false)));
                 }
             }
         }
-        self.stats
+        s.stats
             .hits
-            .fetch_add((ids.len() - misses.len()) as u64, Ordering::Relaxed);
-        self.stats
-            .misses
-            .fetch_add(misses.len() as u64, Ordering::Relaxed);
-        // All misses of the call in flight together, a bounded number at a time.
-        for chunk in misses.chunks(self.io_threads.max(1)) {
-            let results: Vec<Result<Expert, BoxError>> = std::thread::scope(|s| {
-                let handles: Vec<_> = chunk
-                    .iter()
-                    .map(|&i| s.spawn(move || self.read(layer, ids[i])))
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| {
-                        h.join()
-                            .unwrap_or_else(|_| Err("expert reader thread panicked".into()))
-                    })
-                    .collect()
+            .fetch_add((ids.len() - misses) as u64, Ordering::Relaxed);
+        s.stats.misses.fetch_add(misses as u64, Ordering::Relaxed);
+        let t0 = std::time::Instant::now();
+        let mut out = Vec::with_capacity(ids.len());
+        for (slot, &e) in slots.into_iter().zip(ids) {
+            out.push(match slot {
+                Ok(expert) => expert,
+                Err(mut inflight) => loop {
+                    match inflight.wait() {
+                        Ok(expert) => break expert,
+                        // A guess cancelled just before this layer claimed it: read it now.
+                        Err(msg) if msg == CANCELLED => inflight = s.request((layer, e), false),
+                        Err(msg) => return Err(msg.into()),
+                    }
+                },
             });
-            for (&i, r) in chunk.iter().zip(results) {
-                let expert = Arc::new(r?);
-                self.insert((layer, ids[i]), expert.clone());
-                out[i] = Some(expert);
+        }
+        s.stats
+            .wait_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        Ok(out)
+    }
+
+    fn submit(&self, layer: usize, ids: &[usize]) {
+        let s = &self.shared;
+        s.settle_prediction(layer, ids);
+        for &e in ids {
+            if s.plans.contains_key(&(layer, e))
+                && !s.lru.lock().expect("cache lock").map.contains_key(&(layer, e))
+            {
+                s.request((layer, e), false);
             }
         }
-        Ok(out.into_iter().map(|e| e.expect("filled")).collect())
+    }
+
+    fn prefetch(&self, layer: usize, ids: &[usize]) {
+        let s = &self.shared;
+        if !s.prefetch {
+            return;
+        }
+        let mut wanted = HashSet::new();
+        for &e in ids {
+            if !s.plans.contains_key(&(layer, e)) {
+                continue;
+            }
+            wanted.insert(e);
+            if s.lru.lock().expect("cache lock").map.contains_key(&(layer, e)) {
+                continue;
+            }
+            s.request((layer, e), true);
+        }
+        s.predictions
+            .lock()
+            .expect("prediction lock")
+            .insert(layer, wanted);
     }
 }

@@ -9,5 +9,5 @@ mod cached;
 pub mod direct;
 mod plan;
 
-pub use cached::{CachedStore, StoreStats};
+pub use cached::{CachedStore, StatsView, StoreStats, DEFAULT_IO_THREADS};
 pub use plan::{ExpertPlan, ReadRun};

@@ -7,7 +7,7 @@ use crate::layers::attention::{GqaAttention, SeqView};
 use crate::layers::math::{add_into, rms_normed};
 use crate::layers::mla::MlaAttention;
 use crate::layers::mlp::Mlp;
-use crate::layers::moe::MoeLayer;
+use crate::layers::moe::{MoeLayer, NextMoe};
 use crate::{KvCache, Model, ModelError, ModelInfo, Result, RoutingRecord, Trace};
 
 /// The new tokens of one sequence in a step, with its state.
@@ -102,15 +102,29 @@ impl Model for Decoder {
             let h = rms_normed(&x, &block.ffn_norm, self.eps);
             let f = match &block.ffn {
                 Ffn::Dense(mlp) => mlp.forward(&h, n_tokens),
-                Ffn::Moe(moe) => match trace.as_deref_mut() {
-                    Some(t) => {
-                        let mut rec = RoutingRecord::default();
-                        let f = moe.forward(&h, n_tokens, Some(&mut rec))?;
-                        t.routing.push(rec);
-                        f
+                Ffn::Moe(moe) => {
+                    let next = self.blocks[l + 1..]
+                        .iter()
+                        .enumerate()
+                        .find_map(|(i, b)| match &b.ffn {
+                            Ffn::Moe(m) => Some(NextMoe {
+                                layer: l + 1 + i,
+                                router: &m.router,
+                                norm: &b.ffn_norm,
+                                eps: self.eps,
+                            }),
+                            Ffn::Dense(_) => None,
+                        });
+                    match trace.as_deref_mut() {
+                        Some(t) => {
+                            let mut rec = RoutingRecord::default();
+                            let f = moe.forward(&h, n_tokens, &x, next, Some(&mut rec))?;
+                            t.routing.push(rec);
+                            f
+                        }
+                        None => moe.forward(&h, n_tokens, &x, next, None)?,
                     }
-                    None => moe.forward(&h, n_tokens, None)?,
-                },
+                }
             };
             add_into(&mut x, &f);
             if let Some(t) = trace.as_deref_mut() {

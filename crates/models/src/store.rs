@@ -31,7 +31,11 @@ pub trait ExpertStore: Send + Sync {
         ids: &[usize],
     ) -> Result<Vec<Arc<Expert>>, Box<dyn std::error::Error + Send + Sync>>;
 
-    /// A hint that `ids` of `layer` will be asked for soon.
+    /// `ids` of `layer` are needed now: start reading the misses (the `get` that follows waits).
+    fn submit(&self, _layer: usize, _ids: &[usize]) {}
+
+    /// A guess that `ids` of `layer` will be asked for soon (read them if there is room); the
+    /// store scores the guess when the layer's real `get` arrives.
     fn prefetch(&self, _layer: usize, _ids: &[usize]) {}
 }
 

@@ -14,6 +14,7 @@ fn a_shard_truncated_mid_run_is_a_clear_error() {
         &scratch.0,
         &LoadOptions {
             expert_cache: Some(1),
+            ..Default::default()
         },
     )
     .unwrap();

@@ -1,7 +1,9 @@
 //! Command-line definitions and dispatch. Each command lives in its own file.
 
+mod bench;
 mod inspect;
 mod run;
+mod synth;
 mod tokens;
 
 use std::path::PathBuf;
@@ -37,6 +39,11 @@ enum Command {
     Detokenize(tokens::DetokenizeArgs),
     /// Show a model's architecture, sizes, formats and what an uncached token must read.
     Inspect(inspect::InspectArgs),
+    /// Measure decode speed against the disk's direct-read bandwidth and the I/O + compute bound.
+    Bench(bench::BenchArgs),
+    /// Write a large random checkpoint with a real model's shapes (project tool for benchmarks).
+    #[command(hide = true)]
+    Synth(synth::SynthArgs),
 }
 
 /// `--model`, shared by every command.
@@ -80,12 +87,17 @@ pub struct MemArgs {
     /// Default: half the available memory.
     #[arg(long, value_name = "SIZE", value_parser = strata_runtime::parse_size)]
     expert_cache: Option<usize>,
+    /// Do not guess the next layer's experts and read them early (prefetch is on by default;
+    /// `strata bench` reports how often the guesses are right and the bytes they waste).
+    #[arg(long)]
+    no_prefetch: bool,
 }
 
 impl MemArgs {
     pub fn load_options(&self) -> strata_runtime::LoadOptions {
         strata_runtime::LoadOptions {
             expert_cache: self.expert_cache,
+            no_prefetch: self.no_prefetch,
         }
     }
 }
@@ -114,5 +126,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Command::Tokenize(a) => tokens::tokenize(a),
         Command::Detokenize(a) => tokens::detokenize(a),
         Command::Inspect(a) => inspect::inspect(a),
+        Command::Synth(a) => synth::synth(a),
+        Command::Bench(a) => bench::bench(a),
     }
 }

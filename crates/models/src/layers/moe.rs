@@ -110,6 +110,15 @@ impl Router {
     }
 }
 
+/// The next MoE layer's router, to guess its experts from this layer's residual.
+pub struct NextMoe<'a> {
+    pub layer: usize,
+    pub router: &'a Router,
+    /// (D,) that layer's pre-MoE RMSNorm weight.
+    pub norm: &'a [f32],
+    pub eps: f32,
+}
+
 pub struct MoeLayer {
     /// Decoder layer index (the store's key).
     pub layer: usize,
@@ -120,11 +129,28 @@ pub struct MoeLayer {
 }
 
 impl MoeLayer {
-    /// x (T, D) normed -> (T, D)
+    /// Experts the router picks for any of the tokens of `x` (T, D) normed, ascending.
+    fn union_of_routes(router: &Router, x: &[f32], n_tokens: usize) -> Vec<usize> {
+        let n_experts = router.weight.out_dim;
+        let mut logits = vec![0f32; n_tokens * n_experts]; // (T, E)
+        router.weight.matmul(x, n_tokens, &mut logits);
+        let mut ids: Vec<usize> = logits
+            .chunks_exact(n_experts)
+            .flat_map(|l| router.route(l).experts)
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
+    /// x (T, D) normed -> (T, D). `residual` (T, D) is the un-normed input, from which the next
+    /// MoE layer's experts are guessed and prefetched while this layer's are read and computed.
     pub fn forward(
         &self,
         x: &[f32],
         n_tokens: usize,
+        residual: &[f32],
+        next: Option<NextMoe<'_>>,
         record: Option<&mut RoutingRecord>,
     ) -> Result<Vec<f32>> {
         let d = self.router.weight.in_dim;
@@ -144,6 +170,12 @@ impl MoeLayer {
             }
         }
         let ids: Vec<usize> = assigned.keys().copied().collect();
+        self.store.submit(self.layer, &ids);
+        if let Some(next) = next {
+            let guess_input = super::math::rms_normed(residual, next.norm, next.eps);
+            let guess = Self::union_of_routes(next.router, &guess_input, n_tokens);
+            self.store.prefetch(next.layer, &guess);
+        }
         let experts = self
             .store
             .get(self.layer, &ids)
