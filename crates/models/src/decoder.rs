@@ -100,21 +100,32 @@ impl Model for Decoder {
             add_into(&mut x, &a);
 
             let h = rms_normed(&x, &block.ffn_norm, self.eps);
+            // The next MoE layer's router, to guess its experts from this residual while this
+            // block's MLP or experts run.
+            let next = self.blocks[l + 1..]
+                .iter()
+                .enumerate()
+                .find_map(|(i, b)| match &b.ffn {
+                    Ffn::Moe(m) => Some((
+                        m,
+                        NextMoe {
+                            layer: l + 1 + i,
+                            router: &m.router,
+                            norm: &b.ffn_norm,
+                            eps: self.eps,
+                        },
+                    )),
+                    Ffn::Dense(_) => None,
+                });
             let f = match &block.ffn {
-                Ffn::Dense(mlp) => mlp.forward(&h, n_tokens),
+                Ffn::Dense(mlp) => {
+                    if let Some((m, next)) = next {
+                        m.prefetch_from(&x, n_tokens, &next);
+                    }
+                    mlp.forward(&h, n_tokens)
+                }
                 Ffn::Moe(moe) => {
-                    let next = self.blocks[l + 1..]
-                        .iter()
-                        .enumerate()
-                        .find_map(|(i, b)| match &b.ffn {
-                            Ffn::Moe(m) => Some(NextMoe {
-                                layer: l + 1 + i,
-                                router: &m.router,
-                                norm: &b.ffn_norm,
-                                eps: self.eps,
-                            }),
-                            Ffn::Dense(_) => None,
-                        });
+                    let next = next.map(|(_, n)| n);
                     match trace.as_deref_mut() {
                         Some(t) => {
                             let mut rec = RoutingRecord::default();

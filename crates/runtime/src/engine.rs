@@ -31,8 +31,10 @@ pub enum EngineError {
 pub struct LoadOptions {
     /// Bytes of decoded routed experts to keep in RAM. Default: half the available memory.
     pub expert_cache: Option<usize>,
-    /// Guess the next MoE layer's experts from the current residual and read them early.
-    pub no_prefetch: bool,
+    /// Guess the next MoE layer's experts from the current residual and read them early (off by
+    /// default: on random-weight checkpoints the guesses cost more disk time than they save; see
+    /// docs/PERFORMANCE.md).
+    pub prefetch: bool,
 }
 
 /// Parses a size such as `512M`, `8G`, `1.5GiB`, `30K` or `123456` (bytes); binary units.
@@ -91,7 +93,7 @@ impl Engine {
             .unwrap_or_else(|| available_memory().map_or(4 << 30, |m| m / 2));
         let store_slot: std::cell::RefCell<Option<Arc<CachedStore>>> = Default::default();
         let factory = |layout: &ExpertLayout| -> strata_models::Result<Arc<dyn ExpertStore>> {
-            let store = Arc::new(CachedStore::open(&ckpt, layout, budget, !options.no_prefetch)?);
+            let store = Arc::new(CachedStore::open(&ckpt, layout, budget, options.prefetch)?);
             *store_slot.borrow_mut() = Some(store.clone());
             Ok(store)
         };

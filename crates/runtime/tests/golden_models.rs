@@ -15,7 +15,8 @@ fn load(name: &str) -> Engine {
 }
 
 /// An engine whose expert cache holds 3 experts: less than one layer's, so nearly every routed
-/// expert is read from disk and the cache evicts all the time.
+/// expert is read from disk and the cache evicts all the time; next-layer prefetch is on, so
+/// guessed reads, cancellations and in-flight sharing are exercised too.
 fn load_streaming(name: &str) -> Engine {
     let plan = ModelPlan::from_dir(&fixture(name)).unwrap();
     assert!(
@@ -24,7 +25,7 @@ fn load_streaming(name: &str) -> Engine {
     );
     let options = LoadOptions {
         expert_cache: Some(3 * plan.bytes_per_expert() as usize),
-        ..Default::default()
+        prefetch: true,
     };
     Engine::load(&fixture(name), &options).unwrap_or_else(|e| panic!("{name}: {e}"))
 }

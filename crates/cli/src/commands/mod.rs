@@ -87,17 +87,18 @@ pub struct MemArgs {
     /// Default: half the available memory.
     #[arg(long, value_name = "SIZE", value_parser = strata_runtime::parse_size)]
     expert_cache: Option<usize>,
-    /// Do not guess the next layer's experts and read them early (prefetch is on by default;
-    /// `strata bench` reports how often the guesses are right and the bytes they waste).
+    /// Guess each next MoE layer's experts from the current residual and read them early.
+    /// `strata bench` reports how often the guesses are right and the bytes they waste; off by
+    /// default until it pays on real checkpoints.
     #[arg(long)]
-    no_prefetch: bool,
+    prefetch: bool,
 }
 
 impl MemArgs {
     pub fn load_options(&self) -> strata_runtime::LoadOptions {
         strata_runtime::LoadOptions {
             expert_cache: self.expert_cache,
-            no_prefetch: self.no_prefetch,
+            prefetch: self.prefetch,
         }
     }
 }

@@ -143,6 +143,14 @@ impl MoeLayer {
         ids
     }
 
+    /// Guesses `next`'s experts from `residual` (T, D, un-normed) and asks the store to read them
+    /// early (the store is shared by every MoE layer of the model).
+    pub fn prefetch_from(&self, residual: &[f32], n_tokens: usize, next: &NextMoe<'_>) {
+        let guess_input = super::math::rms_normed(residual, next.norm, next.eps);
+        let guess = Self::union_of_routes(next.router, &guess_input, n_tokens);
+        self.store.prefetch(next.layer, &guess);
+    }
+
     /// x (T, D) normed -> (T, D). `residual` (T, D) is the un-normed input, from which the next
     /// MoE layer's experts are guessed and prefetched while this layer's are read and computed.
     pub fn forward(
@@ -172,9 +180,7 @@ impl MoeLayer {
         let ids: Vec<usize> = assigned.keys().copied().collect();
         self.store.submit(self.layer, &ids);
         if let Some(next) = next {
-            let guess_input = super::math::rms_normed(residual, next.norm, next.eps);
-            let guess = Self::union_of_routes(next.router, &guess_input, n_tokens);
-            self.store.prefetch(next.layer, &guess);
+            self.prefetch_from(residual, n_tokens, &next);
         }
         let experts = self
             .store
