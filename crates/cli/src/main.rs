@@ -5,7 +5,20 @@ mod default_model;
 
 use clap::Parser;
 
+/// Large buffers (expert reads, decoded experts) come and go every token. glibc's default raises
+/// its mmap threshold after the first such free and then serves them from per-thread heaps that it
+/// keeps: resident memory grows by gigabytes past what strata holds. A fixed threshold returns
+/// every large buffer to the system when it is freed.
+fn tune_allocator() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes allocator parameters; called before any thread starts.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
+    }
+}
+
 fn main() {
+    tune_allocator();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("STRATA_LOG")

@@ -15,7 +15,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use strata_formats::Checkpoint;
 use strata_models::{Expert, ExpertLayout, ExpertStore};
 
-use crate::direct::DirectFile;
+use crate::direct::{DirectFile, IoMode};
 use crate::plan::ExpertPlan;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -130,6 +130,7 @@ impl CachedStore {
         layout: &ExpertLayout,
         budget: usize,
         prefetch: bool,
+        io: IoMode,
     ) -> strata_models::Result<CachedStore> {
         let mut plans = HashMap::new();
         for &layer in &layout.moe_layers {
@@ -140,7 +141,7 @@ impl CachedStore {
         let mut files = Vec::with_capacity(ckpt.n_shards());
         for s in 0..ckpt.n_shards() {
             let path = ckpt.shard_path(s);
-            let file = DirectFile::open(path).map_err(|e| strata_formats::FormatError::Io {
+            let file = DirectFile::open_mode(path, io).map_err(|e| strata_formats::FormatError::Io {
                 path: path.to_path_buf(),
                 source: e,
             })?;

@@ -55,10 +55,37 @@ impl Drop for AlignedBuf {
     }
 }
 
+/// How expert bytes are read: `Direct` (the default and the point of strata) or `Mmap` (demand
+/// paging through a shared mapping; kept only so benchmarks can measure what it costs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IoMode {
+    #[default]
+    Direct,
+    Mmap,
+}
+
+struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: a read-only shared mapping; it is only read.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: mapped in `DirectFile::open_mmap` with this length.
+        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+    }
+}
+
 pub struct DirectFile {
     path: PathBuf,
     file: File,
     direct: bool,
+    map: Option<Mapping>,
 }
 
 static REPORTED_BUFFERED: AtomicBool = AtomicBool::new(false);
@@ -87,6 +114,7 @@ impl DirectFile {
                         path: path.to_path_buf(),
                         file,
                         direct: true,
+                        map: None,
                     })
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => report_buffered(path, "O_DIRECT refused"),
@@ -103,6 +131,7 @@ impl DirectFile {
                 path: path.to_path_buf(),
                 file,
                 direct: true,
+                map: None,
             });
         }
         #[allow(unreachable_code)]
@@ -110,6 +139,50 @@ impl DirectFile {
             path: path.to_path_buf(),
             file,
             direct: false,
+            map: None,
+        })
+    }
+
+    /// Opens the file in `mode`.
+    pub fn open_mode(path: &Path, mode: IoMode) -> std::io::Result<DirectFile> {
+        match mode {
+            IoMode::Direct => Self::open(path),
+            IoMode::Mmap => Self::open_mmap(path),
+        }
+    }
+
+    /// A shared read-only mapping of the whole file: reads page-fault their bytes in.
+    fn open_mmap(path: &Path) -> std::io::Result<DirectFile> {
+        use std::os::fd::AsRawFd;
+        let file = File::open(path)?;
+        let len = file.metadata()?.len() as usize;
+        let map = if len == 0 {
+            None
+        } else {
+            // SAFETY: mapping an open file read-only; the mapping is unmapped on drop.
+            let ptr = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ,
+                    libc::MAP_SHARED,
+                    file.as_raw_fd(),
+                    0,
+                )
+            };
+            if ptr == libc::MAP_FAILED {
+                return Err(std::io::Error::last_os_error());
+            }
+            Some(Mapping {
+                ptr: ptr as *mut u8,
+                len,
+            })
+        };
+        Ok(DirectFile {
+            path: path.to_path_buf(),
+            file,
+            direct: false,
+            map,
         })
     }
 
@@ -124,6 +197,30 @@ impl DirectFile {
     /// Reads `len` bytes at `offset`. Returns the aligned buffer and where the range starts in it.
     /// A file that ends before the range is an error (it was truncated or replaced).
     pub fn read_range(&self, offset: u64, len: usize) -> std::io::Result<(AlignedBuf, usize)> {
+        if let Some(map) = &self.map {
+            let end = offset as usize + len;
+            if end > map.len
+                || std::fs::metadata(&self.path)
+                    .map(|m| (m.len() as usize) < end)
+                    .unwrap_or(true)
+            {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!("the {len}-byte range at offset {offset} is past the end of the file (truncated or replaced?)"),
+                ));
+            }
+            let mut buf = AlignedBuf::new(len);
+            // SAFETY: [offset, end) lies inside the mapping (checked above); the copy faults the
+            // pages in, which is what this mode exists to measure.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    map.ptr.add(offset as usize),
+                    buf.as_mut_full().as_mut_ptr(),
+                    len,
+                )
+            };
+            return Ok((buf, 0));
+        }
         let start = offset / ALIGN as u64 * ALIGN as u64;
         let skip = (offset - start) as usize;
         let want = (skip + len).div_ceil(ALIGN) * ALIGN;

@@ -10,4 +10,5 @@ pub mod direct;
 mod plan;
 
 pub use cached::{CachedStore, StatsView, StoreStats, DEFAULT_IO_THREADS};
+pub use direct::IoMode;
 pub use plan::{ExpertPlan, ReadRun};

@@ -154,21 +154,38 @@ impl Checkpoint {
 
     /// Reads a tensor's raw bytes with one positioned read.
     pub fn read_bytes(&self, name: &str) -> Result<Vec<u8>> {
+        let len = self.entry(name)?.info.len as usize;
+        let mut buf = vec![0u8; len];
+        self.read_into(name, &mut buf)?;
+        Ok(buf)
+    }
+
+    /// Reads a tensor's bytes into `buf` (exactly its length), then tells the kernel the file's
+    /// pages for that range are not needed again: loading resident weights must not fill the page
+    /// cache (under a memory cap it is charged like any other memory).
+    pub fn read_into(&self, name: &str, buf: &mut [u8]) -> Result<()> {
         let entry = self.entry(name)?;
         let shard = &self.shards[entry.shard];
-        let mut buf = vec![0u8; entry.info.len as usize];
-        shard
-            .file
-            .read_exact_at(&mut buf, entry.info.offset)
-            .map_err(|e| FormatError::BadTensor {
-                path: shard.path.clone(),
-                tensor: name.to_string(),
-                reason: format!(
-                    "reading {} bytes at offset {} failed: {e} (was the file truncated or replaced?)",
-                    entry.info.len, entry.info.offset
-                ),
-            })?;
-        Ok(buf)
+        let bad = |reason: String| FormatError::BadTensor {
+            path: shard.path.clone(),
+            tensor: name.to_string(),
+            reason,
+        };
+        if buf.len() as u64 != entry.info.len {
+            return Err(bad(format!(
+                "buffer of {} bytes for a {}-byte tensor",
+                buf.len(),
+                entry.info.len
+            )));
+        }
+        shard.file.read_exact_at(buf, entry.info.offset).map_err(|e| {
+            bad(format!(
+                "reading {} bytes at offset {} failed: {e} (was the file truncated or replaced?)",
+                entry.info.len, entry.info.offset
+            ))
+        })?;
+        drop_cached_range(&shard.file, entry.info.offset, entry.info.len);
+        Ok(())
     }
 
     /// Checks a tensor's shape (and optionally dtype) before it is used.
@@ -207,6 +224,23 @@ impl Checkpoint {
         Ok(bytes_to_f32(&bytes, dtype))
     }
 }
+
+#[cfg(target_os = "linux")]
+fn drop_cached_range(file: &File, offset: u64, len: u64) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: an advisory syscall on an open descriptor; it cannot affect memory safety.
+    unsafe {
+        libc::posix_fadvise(
+            file.as_raw_fd(),
+            offset as libc::off_t,
+            len as libc::off_t,
+            libc::POSIX_FADV_DONTNEED,
+        );
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn drop_cached_range(_file: &File, _offset: u64, _len: u64) {}
 
 /// Converts little-endian BF16/F16/F32 bytes to f32 (exactly: all three widen losslessly).
 pub fn bytes_to_f32(bytes: &[u8], dtype: DType) -> Vec<f32> {

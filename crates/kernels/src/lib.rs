@@ -15,7 +15,7 @@ pub mod int8;
 mod linear;
 pub mod mxfp4;
 
-pub use linear::{Linear, Prepared, WeightData};
+pub use linear::{u16_vec_from_bytes, Linear, Prepared, WeightData};
 
 /// Number of threads the kernels may use (rayon's global pool, sized to the machine).
 pub fn threads() -> usize {

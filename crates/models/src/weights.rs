@@ -14,7 +14,7 @@
 //! the expert store can resolve every expert at load time and read its bytes later, its own way.
 
 use strata_formats::{bytes_to_f32, Checkpoint, DType, FormatError};
-use strata_kernels::{Linear, WeightData};
+use strata_kernels::{u16_vec_from_bytes, Linear, WeightData};
 
 use crate::Result;
 
@@ -243,6 +243,16 @@ impl LinearSpec {
 /// Loads the linear layer whose tensors start with `base` as a (out, in) weight in its stored format.
 pub fn load_linear(ckpt: &Checkpoint, base: &str, out_dim: usize, in_dim: usize) -> Result<Linear> {
     let spec = resolve_linear(ckpt, base, out_dim, in_dim)?;
+    // 16-bit dense weights (most resident weights) go straight into their final buffer.
+    if let LinearFormat::Dense(dtype @ (DType::BF16 | DType::F16)) = spec.format {
+        let words = u16_vec_from_bytes(out_dim * in_dim, |bytes| ckpt.read_into(&spec.tensors[0], bytes))?;
+        let data = if dtype == DType::BF16 {
+            WeightData::Bf16(words)
+        } else {
+            WeightData::F16(words)
+        };
+        return Ok(Linear::new(out_dim, in_dim, data));
+    }
     let bytes = spec
         .tensors
         .iter()

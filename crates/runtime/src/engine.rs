@@ -35,6 +35,8 @@ pub struct LoadOptions {
     /// default: on random-weight checkpoints the guesses cost more disk time than they save; see
     /// docs/PERFORMANCE.md).
     pub prefetch: bool,
+    /// How expert bytes are read (direct reads; mmap only to measure what it costs).
+    pub io: strata_experts::IoMode,
 }
 
 /// Parses a size such as `512M`, `8G`, `1.5GiB`, `30K` or `123456` (bytes); binary units.
@@ -93,7 +95,13 @@ impl Engine {
             .unwrap_or_else(|| available_memory().map_or(4 << 30, |m| m / 2));
         let store_slot: std::cell::RefCell<Option<Arc<CachedStore>>> = Default::default();
         let factory = |layout: &ExpertLayout| -> strata_models::Result<Arc<dyn ExpertStore>> {
-            let store = Arc::new(CachedStore::open(&ckpt, layout, budget, options.prefetch)?);
+            let store = Arc::new(CachedStore::open(
+                &ckpt,
+                layout,
+                budget,
+                options.prefetch,
+                options.io,
+            )?);
             *store_slot.borrow_mut() = Some(store.clone());
             Ok(store)
         };

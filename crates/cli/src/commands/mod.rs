@@ -92,6 +92,16 @@ pub struct MemArgs {
     /// default until it pays on real checkpoints.
     #[arg(long)]
     prefetch: bool,
+    /// How expert bytes are read: `pread` (direct reads that bypass the page cache) or `mmap`
+    /// (demand paging; 5-15x slower for this access pattern, kept to measure that).
+    #[arg(long, value_enum, default_value_t = Io::Pread)]
+    io: Io,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Io {
+    Pread,
+    Mmap,
 }
 
 impl MemArgs {
@@ -99,6 +109,10 @@ impl MemArgs {
         strata_runtime::LoadOptions {
             expert_cache: self.expert_cache,
             prefetch: self.prefetch,
+            io: match self.io {
+                Io::Pread => strata_experts::IoMode::Direct,
+                Io::Mmap => strata_experts::IoMode::Mmap,
+            },
         }
     }
 }
