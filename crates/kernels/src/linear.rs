@@ -112,15 +112,13 @@ impl WeightData {
 /// A vector of `n` u16 filled by `fill` through its little-endian byte view, so large weights are
 /// read straight into their final buffer (no second copy while loading).
 pub fn u16_vec_from_bytes<E>(n: usize, fill: impl FnOnce(&mut [u8]) -> Result<(), E>) -> Result<Vec<u16>, E> {
-    assert!(
-        cfg!(target_endian = "little"),
-        "weights are little-endian on disk"
-    );
     let mut v = vec![0u16; n];
-    // SAFETY: the byte view covers exactly the vector's initialised memory; every bit pattern is
-    // a valid u16, and on a little-endian target the view's bytes are the on-disk order.
+    // SAFETY: the byte view covers exactly the vector's initialised memory, and every bit pattern
+    // is a valid u16.
     let bytes = unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, n * 2) };
     fill(bytes)?;
+    // The bytes are little-endian on disk: a no-op on little-endian targets.
+    v.iter_mut().for_each(|w| *w = u16::from_le(*w));
     Ok(v)
 }
 
