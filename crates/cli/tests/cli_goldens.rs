@@ -210,3 +210,41 @@ fn a_cache_smaller_than_one_expert_changes_nothing_through_the_binary() {
         );
     }
 }
+
+#[test]
+fn inspect_reports_the_memory_plan_and_a_too_small_mem_is_a_clear_error() {
+    let dir = fixture("kimi-k2-tiny");
+    let dir = dir.to_str().unwrap();
+    let out = strata(&["inspect", "--model", dir, "--json", "--mem", "2G"]);
+    let m = &out["memory"];
+    let num = |v: &Value| v.as_u64().unwrap();
+    assert_eq!(num(&m["mem"]), 2 << 30);
+    assert_eq!(num(&m["resident"]), num(&out["non_expert_bytes"]));
+    assert_eq!(
+        num(&m["expert_cache"]),
+        num(&m["mem"]) - num(&m["resident"]) - num(&m["state_reserve"]) - num(&m["buffers"]),
+        "the expert cache gets what --mem leaves"
+    );
+    // MLA state: (kv_lora + rope) f32 per layer per position, from config.json.
+    let cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("kimi-k2-tiny").join("config.json")).unwrap())
+            .unwrap();
+    let per_token =
+        num(&cfg["num_hidden_layers"]) * (num(&cfg["kv_lora_rank"]) + num(&cfg["qk_rope_head_dim"])) * 4;
+    assert_eq!(num(&m["state_bytes_per_token"]), per_token);
+    assert_eq!(
+        num(&out["uncached_token_bytes"]),
+        num(&out["bytes_per_expert"]) * num(&out["active_experts"]) * num(&out["moe_layers"])
+    );
+
+    let run = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["logits", "--model", dir, "--ids", "1,2", "--mem", "1K"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--mem") && stderr.contains("too small"),
+        "{stderr}"
+    );
+}

@@ -116,6 +116,12 @@ pub fn expert_layout(cfg: &JsonConfig) -> Result<ExpertLayout> {
     })
 }
 
+/// MLA caches the normed latent and the roped key per position per layer (f32).
+pub fn state_bytes_per_token(cfg: &JsonConfig) -> Result<usize> {
+    let c = Config::read(cfg)?;
+    Ok(c.n_layers * (c.kv_lora + c.rope) * 4)
+}
+
 pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, stores: StoreFactory<'_>) -> Result<Box<dyn Model>> {
     let c = Config::read(cfg)?;
     let layout = expert_layout(cfg)?;

@@ -88,6 +88,12 @@ pub fn expert_layout(cfg: &JsonConfig) -> Result<ExpertLayout> {
     })
 }
 
+/// Keys and values of every KV head per position per layer (f32).
+pub fn state_bytes_per_token(cfg: &JsonConfig) -> Result<usize> {
+    let c = Config::read(cfg)?;
+    Ok(c.n_layers * 2 * c.n_kv_heads * c.head_dim * 4)
+}
+
 pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, stores: StoreFactory<'_>) -> Result<Box<dyn Model>> {
     let c = Config::read(cfg)?;
     let layout = expert_layout(cfg)?;

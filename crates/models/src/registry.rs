@@ -18,6 +18,8 @@ pub struct Family {
     pub architectures: &'static [&'static str],
     /// Where the routed experts are, from config alone.
     pub expert_layout: fn(&JsonConfig) -> Result<ExpertLayout>,
+    /// Bytes of decoding state (KV cache) one position of one sequence holds, from config alone.
+    pub state_bytes_per_token: fn(&JsonConfig) -> Result<usize>,
     pub load: fn(&JsonConfig, &Checkpoint, StoreFactory<'_>) -> Result<Box<dyn Model>>,
 }
 
@@ -27,6 +29,7 @@ pub static FAMILIES: &[Family] = &[
         model_types: &["deepseek_v3", "kimi_k2"],
         architectures: &["DeepseekV3ForCausalLM"],
         expert_layout: crate::deepseek_v3::expert_layout,
+        state_bytes_per_token: crate::deepseek_v3::state_bytes_per_token,
         load: crate::deepseek_v3::load,
     },
     Family {
@@ -34,6 +37,7 @@ pub static FAMILIES: &[Family] = &[
         model_types: &["qwen3_moe"],
         architectures: &["Qwen3MoeForCausalLM"],
         expert_layout: crate::qwen3_moe::expert_layout,
+        state_bytes_per_token: crate::qwen3_moe::state_bytes_per_token,
         load: crate::qwen3_moe::load,
     },
     Family {
@@ -41,6 +45,7 @@ pub static FAMILIES: &[Family] = &[
         model_types: &["mixtral"],
         architectures: &["MixtralForCausalLM"],
         expert_layout: crate::mixtral::expert_layout,
+        state_bytes_per_token: crate::mixtral::state_bytes_per_token,
         load: crate::mixtral::load,
     },
 ];

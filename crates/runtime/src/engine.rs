@@ -9,6 +9,8 @@ use strata_formats::{Checkpoint, DType, GenerationConfig, JsonConfig, Quantizati
 use strata_models::{family_for, load_model, ExpertLayout, ExpertStore, KvCache, Model, SeqInput, Trace};
 use strata_tokenizer::Tokenizer;
 
+use crate::MemoryPlan;
+
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     #[error(transparent)]
@@ -25,11 +27,28 @@ pub enum EngineError {
     PromptTooLong { prompt: usize, max: usize },
     #[error("empty prompt: at least one token is needed")]
     EmptyPrompt,
+    #[error(
+        "--mem {} is too small for this model: its non-expert weights take {}, decoding state for the reserved context {}, read buffers {} (streaming non-expert weights is not implemented yet)",
+        gib(*mem), gib(*resident), gib(*state), gib(*buffers)
+    )]
+    MemoryTooSmall {
+        mem: usize,
+        resident: usize,
+        state: usize,
+        buffers: usize,
+    },
+}
+
+fn gib(b: usize) -> String {
+    format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
 }
 
 #[derive(Clone, Debug, Default)]
 pub struct LoadOptions {
-    /// Bytes of decoded routed experts to keep in RAM. Default: half the available memory.
+    /// Everything strata may hold (weights, expert cache, decoding state, buffers). Default: 90 %
+    /// of the available memory.
+    pub mem: Option<usize>,
+    /// Bytes of decoded routed experts to keep in RAM. Default: what `mem` leaves.
     pub expert_cache: Option<usize>,
     /// Guess the next MoE layer's experts from the current residual and read them early (off by
     /// default: on random-weight checkpoints the guesses cost more disk time than they save; see
@@ -75,6 +94,7 @@ pub struct Engine {
     pub generation: GenerationConfig,
     /// The routed-expert store (its statistics: hits, misses, bytes read).
     pub experts: Option<Arc<CachedStore>>,
+    pub memory: MemoryPlan,
 }
 
 /// `logits` output: argmax at every position and the full logits of the last one.
@@ -90,9 +110,8 @@ impl Engine {
     pub fn load(dir: &Path, options: &LoadOptions) -> Result<Engine, EngineError> {
         let cfg = JsonConfig::read(&dir.join("config.json"))?;
         let ckpt = Checkpoint::open(dir)?.with_quantization(QuantizationConfig::from_config(&cfg)?);
-        let budget = options
-            .expert_cache
-            .unwrap_or_else(|| available_memory().map_or(4 << 30, |m| m / 2));
+        let memory = MemoryPlan::new(&ModelPlan::from_dir(dir)?, options.mem, options.expert_cache)?;
+        let budget = memory.expert_cache;
         let store_slot: std::cell::RefCell<Option<Arc<CachedStore>>> = Default::default();
         let factory = |layout: &ExpertLayout| -> strata_models::Result<Arc<dyn ExpertStore>> {
             let store = Arc::new(CachedStore::open(
@@ -126,6 +145,7 @@ impl Engine {
             tokenizer,
             generation,
             experts: store_slot.into_inner(),
+            memory,
         })
     }
 
@@ -187,6 +207,9 @@ pub struct ModelPlan {
     pub vocab_size: usize,
     pub hidden_dim: usize,
     pub layout: ExpertLayout,
+    pub max_positions: usize,
+    /// Decoding state (KV cache) of one position of one sequence.
+    pub state_bytes_per_token: usize,
     pub total_params: u64,
     pub expert_params: u64,
     pub expert_bytes: u64,
@@ -219,6 +242,8 @@ impl ModelPlan {
             vocab_size: cfg.usize("vocab_size")?,
             hidden_dim: cfg.usize("hidden_size")?,
             layout,
+            max_positions: cfg.usize("max_position_embeddings")?,
+            state_bytes_per_token: (family.state_bytes_per_token)(&cfg)?,
             total_params: 0,
             expert_params: 0,
             expert_bytes: 0,

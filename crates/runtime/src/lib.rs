@@ -4,12 +4,14 @@
 
 mod engine;
 mod generate;
+mod memory;
 mod rng;
 mod sampler;
 mod stop;
 
 pub use engine::{available_memory, parse_size, Engine, EngineError, LoadOptions, LogitsOutput, ModelPlan};
 pub use generate::{FinishReason, GenEvent, Request};
+pub use memory::{MemoryPlan, STATE_RESERVE_TOKENS};
 pub use rng::Rng;
 pub use sampler::{Sampler, SamplingParams};
 pub use stop::StopMatcher;

@@ -2,7 +2,7 @@
 //! (no weights are read).
 
 use anyhow::Result;
-use strata_runtime::ModelPlan;
+use strata_runtime::{MemoryPlan, ModelPlan};
 
 use super::ModelArg;
 
@@ -10,6 +10,12 @@ use super::ModelArg;
 pub struct InspectArgs {
     #[command(flatten)]
     model: ModelArg,
+    /// Plan memory for this budget (default: 90 % of the available memory).
+    #[arg(long, value_name = "SIZE", value_parser = strata_runtime::parse_size)]
+    mem: Option<usize>,
+    /// Plan with this expert cache instead of what --mem leaves.
+    #[arg(long, value_name = "SIZE", value_parser = strata_runtime::parse_size)]
+    expert_cache: Option<usize>,
     /// Print the figures as JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -49,6 +55,7 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
     let dir = args.model.resolve()?;
     let plan = ModelPlan::from_dir(&dir)?;
     let l = &plan.layout;
+    let memory = MemoryPlan::new(&plan, args.mem, args.expert_cache);
     if args.json {
         let body = serde_json::json!({
             "architecture": plan.architecture,
@@ -68,6 +75,13 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
             "non_expert_bytes": plan.non_expert_bytes,
             "bytes_per_expert": plan.bytes_per_expert(),
             "uncached_token_bytes": plan.uncached_token_bytes(),
+            "memory": memory.as_ref().ok().map(|m| serde_json::json!({
+                "mem": m.mem, "resident": m.resident, "state_bytes_per_token": m.state_per_token,
+                "state_reserve_tokens": m.state_reserve_tokens, "state_reserve": m.state_reserve(),
+                "buffers": m.buffers, "expert_cache": m.expert_cache,
+                "cached_expert_share": m.expert_cache as f64 / plan.expert_bytes.max(1) as f64,
+            })),
+            "memory_error": memory.as_ref().err().map(|e| e.to_string()),
             "formats": plan.formats.iter().map(|(d, n, b)| serde_json::json!({"dtype": d, "tensors": n, "bytes": b})).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&body)?);
@@ -109,6 +123,33 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
         "uncached token   {} of expert reads",
         human_bytes(plan.uncached_token_bytes())
     );
+    match &memory {
+        Ok(m) => {
+            println!("memory plan      --mem {}", human_bytes(m.mem as u64));
+            println!(
+                "  resident       {} (non-expert weights)",
+                human_bytes(m.resident as u64)
+            );
+            println!(
+                "  state          {} per token; {} reserved for {} tokens",
+                human_bytes(m.state_per_token as u64),
+                human_bytes(m.state_reserve() as u64),
+                m.state_reserve_tokens
+            );
+            println!("  read buffers   {}", human_bytes(m.buffers as u64));
+            println!(
+                "  expert cache   {} ({:.1} % of the experts{})",
+                human_bytes(m.expert_cache as u64),
+                100.0 * (m.expert_cache as f64 / plan.expert_bytes.max(1) as f64).min(1.0),
+                if m.expert_cache_set {
+                    ", set by --expert-cache"
+                } else {
+                    ""
+                }
+            );
+        }
+        Err(e) => println!("memory plan      {e}"),
+    }
     println!("tensor formats:");
     for (dtype, n, bytes) in &plan.formats {
         println!("  {dtype:<8} {n:>6} tensors  {}", human_bytes(*bytes));

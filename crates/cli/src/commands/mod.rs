@@ -82,11 +82,16 @@ impl ModelArg {
 /// How much memory the engine may use for what.
 #[derive(clap::Args, Clone, Debug)]
 pub struct MemArgs {
-    /// RAM for decoded routed experts (LRU cache over direct disk reads), e.g. 512M, 8G.
-    /// Every expert the router picks is used; a smaller cache only means more reads.
-    /// Default: half the available memory.
+    /// Memory strata may use in all (non-expert weights, expert cache, decoding state, read
+    /// buffers), e.g. 8G. Default: 90 % of the available memory. `strata inspect --mem` shows
+    /// how it is divided.
     #[arg(long, value_name = "SIZE", value_parser = strata_runtime::parse_size)]
-    expert_cache: Option<usize>,
+    pub mem: Option<usize>,
+    /// RAM for decoded routed experts (an LRU cache over direct disk reads), e.g. 512M. Every
+    /// expert the router picks is used; a smaller cache only means more reads.
+    /// Default: what --mem leaves.
+    #[arg(long, value_name = "SIZE", value_parser = strata_runtime::parse_size)]
+    pub expert_cache: Option<usize>,
     /// Guess each next MoE layer's experts from the current residual and read them early.
     /// `strata bench` reports how often the guesses are right and the bytes they waste; off by
     /// default until it pays on real checkpoints.
@@ -107,6 +112,7 @@ pub enum Io {
 impl MemArgs {
     pub fn load_options(&self) -> strata_runtime::LoadOptions {
         strata_runtime::LoadOptions {
+            mem: self.mem,
             expert_cache: self.expert_cache,
             prefetch: self.prefetch,
             io: match self.io {
