@@ -53,10 +53,23 @@ impl StoreStats {
     }
 }
 
+/// Which cached expert makes room for a new one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Eviction {
+    /// The least recently used.
+    #[default]
+    Lru,
+    /// The least frequently used, with each use's weight halving every `half_life` accesses (so
+    /// experts popular long ago fade out).
+    LfuDecay { half_life: u64 },
+}
+
 struct Entry {
     expert: Arc<Expert>,
     bytes: usize,
     tick: u64,
+    /// LFU score as of `tick`.
+    score: f64,
 }
 
 #[derive(Default)]
@@ -66,6 +79,25 @@ struct Lru {
     order: BTreeMap<u64, Key>,
     bytes: usize,
     tick: u64,
+}
+
+impl Lru {
+    fn decayed(score: f64, since: u64, half_life: u64) -> f64 {
+        score * 0.5f64.powf(since as f64 / half_life.max(1) as f64)
+    }
+
+    /// The key to evict under `policy`.
+    fn victim(&self, policy: Eviction) -> Option<Key> {
+        match policy {
+            Eviction::Lru => self.order.first_key_value().map(|(_, k)| *k),
+            Eviction::LfuDecay { half_life } => self
+                .map
+                .iter()
+                .map(|(k, e)| (Self::decayed(e.score, self.tick - e.tick, half_life), e.tick, *k))
+                .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)))
+                .map(|(_, _, k)| k),
+        }
+    }
 }
 
 /// One read in flight (or queued): whoever needs the expert waits here.
@@ -99,6 +131,9 @@ struct Shared {
     /// The latest prediction per layer, consumed by that layer's `get`.
     predictions: Mutex<HashMap<usize, HashSet<usize>>>,
     prefetch: bool,
+    eviction: Eviction,
+    /// layer -> (hits, misses)
+    layer_stats: Mutex<BTreeMap<usize, (u64, u64)>>,
     stats: StoreStats,
 }
 
@@ -131,6 +166,7 @@ impl CachedStore {
         budget: usize,
         prefetch: bool,
         io: IoMode,
+        eviction: Eviction,
     ) -> strata_models::Result<CachedStore> {
         let mut plans = HashMap::new();
         for &layer in &layout.moe_layers {
@@ -158,6 +194,8 @@ impl CachedStore {
             shutdown: AtomicBool::new(false),
             predictions: Mutex::new(HashMap::new()),
             prefetch,
+            eviction,
+            layer_stats: Mutex::new(BTreeMap::new()),
             stats: StoreStats::default(),
         });
         let workers = (0..DEFAULT_IO_THREADS)
@@ -178,6 +216,12 @@ impl CachedStore {
 
     pub fn budget(&self) -> usize {
         self.shared.budget
+    }
+
+    /// (layer, hits, misses) for every MoE layer asked so far.
+    pub fn layer_stats(&self) -> Vec<(usize, u64, u64)> {
+        let stats = self.shared.layer_stats.lock().expect("stats lock");
+        stats.iter().map(|(&l, &(h, m))| (l, h, m)).collect()
     }
 
     /// Bytes of decoded experts held now.
@@ -315,10 +359,11 @@ impl Shared {
             return;
         }
         while lru.bytes + bytes > self.budget {
-            let Some((_, old)) = lru.order.pop_first() else {
+            let Some(old) = lru.victim(self.eviction) else {
                 break;
             };
             if let Some(e) = lru.map.remove(&old) {
+                lru.order.remove(&e.tick);
                 lru.bytes -= e.bytes;
                 self.stats.evictions.fetch_add(1, Ordering::Relaxed);
             }
@@ -327,7 +372,15 @@ impl Shared {
         let tick = lru.tick;
         lru.order.insert(tick, key);
         lru.bytes += bytes;
-        lru.map.insert(key, Entry { expert, bytes, tick });
+        lru.map.insert(
+            key,
+            Entry {
+                expert,
+                bytes,
+                tick,
+                score: 1.0,
+            },
+        );
     }
 
     /// A cached expert (refreshing its recency), if any.
@@ -338,6 +391,9 @@ impl Shared {
         let Lru { map, order, .. } = &mut *lru;
         let entry = map.get_mut(&key)?;
         order.remove(&entry.tick);
+        if let Eviction::LfuDecay { half_life } = self.eviction {
+            entry.score = Lru::decayed(entry.score, tick - entry.tick, half_life) + 1.0;
+        }
         entry.tick = tick;
         order.insert(tick, key);
         Some(entry.expert.clone())
@@ -423,6 +479,12 @@ impl ExpertStore for CachedStore {
             .hits
             .fetch_add((ids.len() - misses) as u64, Ordering::Relaxed);
         s.stats.misses.fetch_add(misses as u64, Ordering::Relaxed);
+        {
+            let mut per_layer = s.layer_stats.lock().expect("stats lock");
+            let e = per_layer.entry(layer).or_default();
+            e.0 += (ids.len() - misses) as u64;
+            e.1 += misses as u64;
+        }
         let t0 = std::time::Instant::now();
         let mut out = Vec::with_capacity(ids.len());
         for (slot, &e) in slots.into_iter().zip(ids) {
@@ -476,5 +538,63 @@ impl ExpertStore for CachedStore {
             .lock()
             .expect("prediction lock")
             .insert(layer, wanted);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_kernels::Linear;
+
+    fn tiny_expert() -> Arc<Expert> {
+        let l = || Linear::from_f32(1, 1, vec![0.0]);
+        Arc::new(Expert {
+            gate: l(),
+            up: l(),
+            down: l(),
+        })
+    }
+
+    /// Inserts keys 0..n at ticks 1..=n with the given LFU scores.
+    fn cache(scores: &[f64]) -> Lru {
+        let mut lru = Lru::default();
+        for (i, &score) in scores.iter().enumerate() {
+            lru.tick += 1;
+            let tick = lru.tick;
+            lru.order.insert(tick, (0, i));
+            lru.map.insert(
+                (0, i),
+                Entry {
+                    expert: tiny_expert(),
+                    bytes: 1,
+                    tick,
+                    score,
+                },
+            );
+        }
+        lru
+    }
+
+    #[test]
+    fn lru_evicts_the_oldest_and_lfu_the_least_used() {
+        let lru = cache(&[5.0, 1.0, 3.0]);
+        assert_eq!(lru.victim(Eviction::Lru), Some((0, 0)));
+        assert_eq!(
+            lru.victim(Eviction::LfuDecay { half_life: 1_000_000 }),
+            Some((0, 1))
+        );
+    }
+
+    #[test]
+    fn lfu_scores_decay_with_age() {
+        // Expert 0 was used a lot long ago; expert 1 a little, recently.
+        let mut lru = cache(&[8.0, 2.0]);
+        lru.map.get_mut(&(0, 0)).unwrap().tick = 0;
+        lru.tick = 40;
+        lru.map.get_mut(&(0, 1)).unwrap().tick = 40;
+        // Half-life 10: 8 x 2^-4 = 0.5 < 2, so the old favourite goes first.
+        assert_eq!(lru.victim(Eviction::LfuDecay { half_life: 10 }), Some((0, 0)));
+        // Half-life 1000: it still counts almost 8, so the recent one goes.
+        assert_eq!(lru.victim(Eviction::LfuDecay { half_life: 1000 }), Some((0, 1)));
     }
 }

@@ -56,6 +56,8 @@ pub struct LoadOptions {
     pub prefetch: bool,
     /// How expert bytes are read (direct reads; mmap only to measure what it costs).
     pub io: strata_experts::IoMode,
+    /// Which cached expert makes room for a new one.
+    pub eviction: strata_experts::Eviction,
 }
 
 /// Parses a size such as `512M`, `8G`, `1.5GiB`, `30K` or `123456` (bytes); binary units.
@@ -120,6 +122,7 @@ impl Engine {
                 budget,
                 options.prefetch,
                 options.io,
+                options.eviction,
             )?);
             *store_slot.borrow_mut() = Some(store.clone());
             Ok(store)

@@ -87,6 +87,11 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     let recall = if asked > 0.0 { right / asked } else { 0.0 };
     let total_read = (last.1[2] - before[2]) as f64;
 
+    let layers: Vec<serde_json::Value> = store
+        .layer_stats()
+        .iter()
+        .map(|&(l, h, m)| serde_json::json!({"layer": l, "hits": h, "misses": m}))
+        .collect();
     if args.json {
         let body = serde_json::json!({
             "model": args.model.describe(),
@@ -107,6 +112,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             "io_bound_s_per_token": io_bound_s,
             "compute_s_per_token": compute_s,
             "token_time_over_io_plus_compute": ratio,
+            "per_layer": layers,
             "prefetch_recall": recall,
             "prefetch_wasted_bytes": wasted,
             "prefetch_wasted_share_of_reads": if total_read > 0.0 { wasted / total_read } else { 0.0 },
@@ -147,6 +153,12 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     println!(
         "bound                 I/O {io_bound_s:.3} s + compute {compute_s:.3} s per token; token time is {ratio:.2} x their sum"
     );
+    let per_layer: Vec<String> = store
+        .layer_stats()
+        .iter()
+        .map(|&(l, h, m)| format!("{l}: {:.0} %", 100.0 * h as f64 / (h + m).max(1) as f64))
+        .collect();
+    println!("hit rate per layer    {} (whole run)", per_layer.join(", "));
     println!(
         "prefetch              recall {:.1} % of routed experts guessed a layer early; {:.1} MB wasted ({:.1} % of bytes read)",
         recall * 100.0,

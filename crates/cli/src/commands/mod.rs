@@ -101,6 +101,19 @@ pub struct MemArgs {
     /// (demand paging; 5-15x slower for this access pattern, kept to measure that).
     #[arg(long, value_enum, default_value_t = Io::Pread)]
     io: Io,
+    /// Which cached expert makes room: `lru` (least recently used) or `lfu` (least frequently
+    /// used, each use's weight halving every --lfu-half-life expert accesses).
+    #[arg(long, value_enum, default_value_t = CachePolicy::Lru)]
+    cache_policy: CachePolicy,
+    /// Half-life of an expert use for `--cache-policy lfu`, in expert accesses.
+    #[arg(long, default_value_t = 4096, value_name = "N")]
+    lfu_half_life: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CachePolicy {
+    Lru,
+    Lfu,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -115,6 +128,12 @@ impl MemArgs {
             mem: self.mem,
             expert_cache: self.expert_cache,
             prefetch: self.prefetch,
+            eviction: match self.cache_policy {
+                CachePolicy::Lru => strata_experts::Eviction::Lru,
+                CachePolicy::Lfu => strata_experts::Eviction::LfuDecay {
+                    half_life: self.lfu_half_life,
+                },
+            },
             io: match self.io {
                 Io::Pread => strata_experts::IoMode::Direct,
                 Io::Mmap => strata_experts::IoMode::Mmap,
