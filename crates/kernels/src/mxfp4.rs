@@ -131,43 +131,15 @@ pub mod x86 {
         assert!(
             packed.len() * 2 >= n && scales.len() * super::GROUP >= n && xp.len() >= whole * super::GROUP
         );
-        // BF16 of 2 x E2M1 value: 0,1,2,3,4,6,8,12 and negatives.
-        let hi_lut = _mm256_broadcastsi128_si256(_mm_setr_epi8(
-            0x00,
-            0x3f,
-            0x40,
-            0x40,
-            0x40,
-            0x40,
-            0x41,
-            0x41,
-            0x80u8 as i8,
-            0xbfu8 as i8,
-            0xc0u8 as i8,
-            0xc0u8 as i8,
-            0xc0u8 as i8,
-            0xc0u8 as i8,
-            0xc1u8 as i8,
-            0xc1u8 as i8,
-        ));
-        let lo_lut = _mm256_broadcastsi128_si256(_mm_setr_epi8(
-            0x00,
-            0x80u8 as i8,
-            0x00,
-            0x40,
-            0x80u8 as i8,
-            0xc0u8 as i8,
-            0x00,
-            0x40,
-            0x00,
-            0x80u8 as i8,
-            0x00,
-            0x40,
-            0x80u8 as i8,
-            0xc0u8 as i8,
-            0x00,
-            0x40,
-        ));
+        // High and low bytes of BF16(2 x E2M1 value) for each code: 0,1,2,3,4,6,8,12 and negatives.
+        const HI: [u8; 16] = [
+            0x00, 0x3f, 0x40, 0x40, 0x40, 0x40, 0x41, 0x41, 0x80, 0xbf, 0xc0, 0xc0, 0xc0, 0xc0, 0xc1, 0xc1,
+        ];
+        const LO: [u8; 16] = [
+            0x00, 0x80, 0x00, 0x40, 0x80, 0xc0, 0x00, 0x40, 0x00, 0x80, 0x00, 0x40, 0x80, 0xc0, 0x00, 0x40,
+        ];
+        let hi_lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(HI.as_ptr() as *const __m128i));
+        let lo_lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(LO.as_ptr() as *const __m128i));
         let low = _mm256_set1_epi8(0x0f);
         let zero = _mm256_setzero_si256();
         let mut total = _mm256_setzero_ps();

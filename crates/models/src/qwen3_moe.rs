@@ -9,7 +9,7 @@ use crate::layers::attention::GqaAttention;
 use crate::layers::mlp::Mlp;
 use crate::layers::moe::{MoeLayer, Router, RoutingRule};
 use crate::layers::rope::{Rope, RopeStyle};
-use crate::registry::{bad_config, load_ends, names, StoreFactory};
+use crate::registry::{check_gqa, load_ends, names, StoreFactory};
 use crate::weights::{load_linear, load_vector};
 use crate::{ExpertLayout, Model, ModelInfo, Result};
 
@@ -52,21 +52,7 @@ impl Config {
             eps: cfg.opt_f64("rms_norm_eps")?.unwrap_or(1e-6) as f32,
             max_pos: cfg.usize("max_position_embeddings")?,
         };
-        if c.n_heads == 0 || c.n_kv_heads == 0 || !c.n_heads.is_multiple_of(c.n_kv_heads) {
-            return Err(bad_config(
-                cfg,
-                format!(
-                    "num_attention_heads {} must be a multiple of num_key_value_heads {}",
-                    c.n_heads, c.n_kv_heads
-                ),
-            ));
-        }
-        if c.top_k > c.n_experts || !c.head_dim.is_multiple_of(2) {
-            return Err(bad_config(
-                cfg,
-                "num_experts_per_tok > num_experts, or odd head_dim",
-            ));
-        }
+        check_gqa(cfg, c.n_heads, c.n_kv_heads, c.head_dim, c.top_k, c.n_experts)?;
         Ok(c)
     }
 

@@ -108,3 +108,29 @@ pub(crate) fn bad_config(cfg: &JsonConfig, reason: impl Into<String>) -> ModelEr
         reason: reason.into(),
     }
 }
+
+/// GQA head counts and routing sizes that the shared attention and MoE code rely on.
+pub(crate) fn check_gqa(
+    cfg: &JsonConfig,
+    n_heads: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+    top_k: usize,
+    n_experts: usize,
+) -> Result<()> {
+    if n_heads == 0 || n_kv_heads == 0 || !n_heads.is_multiple_of(n_kv_heads) {
+        return Err(bad_config(
+            cfg,
+            format!("num_attention_heads {n_heads} must be a multiple of num_key_value_heads {n_kv_heads}"),
+        ));
+    }
+    if top_k > n_experts || !head_dim.is_multiple_of(2) {
+        return Err(bad_config(
+            cfg,
+            format!(
+                "num_experts_per_tok {top_k} exceeds the {n_experts} experts, or head_dim {head_dim} is odd"
+            ),
+        ));
+    }
+    Ok(())
+}

@@ -148,29 +148,28 @@ pub fn check_generation(name: &str, engine: &Engine, g: &Value, rel: f32) {
     }
 }
 
+/// Every check of golden.json against one engine.
+fn check_all(name: &str, engine: &Engine) {
+    let g = golden(name);
+    // f32 tolerance for the quantized folders too: their goldens come from exactly dequantized
+    // weights and strata decodes exactly.
+    let rel = rel_tolerance(&g);
+    check_prompts(name, engine, &g, rel);
+    check_routing(name, engine, &g);
+    check_generation(name, engine, &g, rel);
+}
+
 #[test]
 fn bf16_models_match_goldens() {
     for name in BF16_MODELS {
-        let engine = load(name);
-        let g = golden(name);
-        let rel = rel_tolerance(&g);
-        check_prompts(name, &engine, &g, rel);
-        check_routing(name, &engine, &g);
-        check_generation(name, &engine, &g, rel);
+        check_all(name, &load(name));
     }
 }
 
 #[test]
 fn quantized_models_match_goldens() {
     for name in QUANTIZED_MODELS {
-        let engine = load(name);
-        let g = golden(name);
-        // The goldens come from exactly dequantized f32 weights and strata decodes exactly, so
-        // the f32 tolerance applies.
-        let rel = rel_tolerance(&g);
-        check_prompts(name, &engine, &g, rel);
-        check_routing(name, &engine, &g);
-        check_generation(name, &engine, &g, rel);
+        check_all(name, &load(name));
     }
 }
 
@@ -178,11 +177,8 @@ fn quantized_models_match_goldens() {
 fn streaming_every_expert_from_disk_changes_no_result() {
     for name in BF16_MODELS.iter().chain(QUANTIZED_MODELS) {
         let engine = load_streaming(name);
+        check_all(name, &engine);
         let g = golden(name);
-        let rel = rel_tolerance(&g);
-        check_prompts(name, &engine, &g, rel);
-        check_routing(name, &engine, &g);
-        check_generation(name, &engine, &g, rel);
         // And bit-for-bit the same logits as with every expert cached.
         let ids = as_u32s(&g["prompts"][2]["ids"]);
         let cached = load(name).logits(&ids).unwrap();
