@@ -1,5 +1,6 @@
-//! Mixtral: GQA with a NeoX rotation and no q/k norm; every layer is MoE (`block_sparse_moe`),
-//! softmax top-k renormalised, experts named w1 (gate), w3 (up), w2 (down).
+//! Mixtral: GQA with a NeoX rotation and no q/k norm (and an optional `sliding_window`); every
+//! layer is MoE (`block_sparse_moe`), softmax top-k renormalised, experts named w1 (gate), w3 (up),
+//! w2 (down).
 
 use strata_formats::{Checkpoint, JsonConfig};
 
@@ -23,6 +24,7 @@ struct Config {
     top_k: usize,
     eps: f32,
     max_pos: usize,
+    sliding_window: Option<usize>,
 }
 
 impl Config {
@@ -41,6 +43,7 @@ impl Config {
             top_k: cfg.usize("num_experts_per_tok")?,
             eps: cfg.opt_f64("rms_norm_eps")?.unwrap_or(1e-5) as f32,
             max_pos: cfg.usize("max_position_embeddings")?,
+            sliding_window: cfg.opt_usize("sliding_window")?,
         };
         check_gqa(cfg, c.n_heads, c.n_kv_heads, c.head_dim, c.top_k, c.n_experts)?;
         Ok(c)
@@ -74,7 +77,7 @@ pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, stores: StoreFactory<'_>) -> Re
     let mut blocks = Vec::with_capacity(c.n_layers);
     for l in 0..c.n_layers {
         let p = names::layer(l);
-        let attn = GqaAttention::load(
+        let mut attn = GqaAttention::load(
             ckpt,
             &format!("{p}.self_attn"),
             c.hidden,
@@ -85,6 +88,7 @@ pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, stores: StoreFactory<'_>) -> Re
             rope.clone(),
             c.eps,
         )?;
+        attn.sliding_window = c.sliding_window;
         blocks.push(Block {
             attn_norm: load_vector(ckpt, &format!("{p}.input_layernorm.weight"), c.hidden)?,
             attn: Attention::Gqa(attn),

@@ -9,7 +9,7 @@ use crate::layers::attention::GqaAttention;
 use crate::layers::mlp::Mlp;
 use crate::layers::moe::{MoeLayer, Router, RoutingRule};
 use crate::layers::rope::{Rope, RopeStyle};
-use crate::registry::{check_gqa, load_ends, names, StoreFactory};
+use crate::registry::{bad_config, check_gqa, load_ends, names, StoreFactory};
 use crate::weights::{load_linear, load_vector};
 use crate::{ExpertLayout, Model, ModelInfo, Result};
 
@@ -53,6 +53,9 @@ impl Config {
             max_pos: cfg.usize("max_position_embeddings")?,
         };
         check_gqa(cfg, c.n_heads, c.n_kv_heads, c.head_dim, c.top_k, c.n_experts)?;
+        if cfg.opt_bool("use_sliding_window")?.unwrap_or(false) {
+            return Err(bad_config(cfg, "use_sliding_window = true is not supported yet"));
+        }
         Ok(c)
     }
 

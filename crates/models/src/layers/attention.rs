@@ -35,6 +35,8 @@ pub struct GqaAttention {
     pub head_dim: usize,
     pub rope: Rope,
     pub eps: f32,
+    /// Attend only to this many most recent positions (Mixtral's `sliding_window`).
+    pub sliding_window: Option<usize>,
 }
 
 impl GqaAttention {
@@ -78,17 +80,21 @@ impl GqaAttention {
             let kv_width = hkv * dh;
             for (i, t) in seq.rows.clone().enumerate() {
                 let n_pos = seq.start_pos + i + 1; // causal: positions 0..=own
-                let mut scores = vec![0f32; n_pos];
+                                                   // Sliding window: only the last `window` positions (own included) are seen.
+                let first = self.sliding_window.map_or(0, |w| n_pos.saturating_sub(w));
+                let mut scores = vec![0f32; n_pos - first];
                 for head in 0..h {
                     let kvh = head / group;
                     let qh = &q[t * h * dh + head * dh..t * h * dh + (head + 1) * dh];
-                    for (p, s) in scores.iter_mut().enumerate() {
+                    for (j, s) in scores.iter_mut().enumerate() {
+                        let p = first + j;
                         let kp = &seq.cache.k[p * kv_width + kvh * dh..p * kv_width + (kvh + 1) * dh];
                         *s = dot(qh, kp) * scale;
                     }
                     softmax(&mut scores);
                     let oh = &mut out[t * h * dh + head * dh..t * h * dh + (head + 1) * dh];
-                    for (p, a) in scores.iter().enumerate() {
+                    for (j, a) in scores.iter().enumerate() {
+                        let p = first + j;
                         let vp = &seq.cache.v[p * kv_width + kvh * dh..p * kv_width + (kvh + 1) * dh];
                         for (o, v) in oh.iter_mut().zip(vp) {
                             *o += a * v;
@@ -131,6 +137,69 @@ impl GqaAttention {
             head_dim,
             rope,
             eps,
+            sliding_window: None,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layers::rope::RopeStyle;
+
+    /// One head, identity projections: the output is the attention-weighted mean of values.
+    fn attention(window: Option<usize>) -> GqaAttention {
+        let eye = || Linear::from_f32(2, 2, vec![1.0, 0.0, 0.0, 1.0]);
+        GqaAttention {
+            q: eye(),
+            k: eye(),
+            v: eye(),
+            o: eye(),
+            q_norm: None,
+            k_norm: None,
+            n_heads: 1,
+            n_kv_heads: 1,
+            head_dim: 2,
+            rope: Rope::plain(2, 10000.0, RopeStyle::NeoX),
+            eps: 1e-6,
+            sliding_window: window,
+        }
+    }
+
+    #[test]
+    fn a_sliding_window_hides_old_positions() {
+        // Three tokens whose values (= inputs, identity projections) are (3,0), (6,0), (9,0), then
+        // a zero token: its query is zero, every score is equal, and its output is the plain mean
+        // of the values it can see, its own (0,0) included.
+        let run = |attn: &GqaAttention| {
+            let mut cache = LayerCache {
+                k_dim: 2,
+                v_dim: 2,
+                ..Default::default()
+            };
+            let prompt = [3.0, 0.0, 6.0, 0.0, 9.0, 0.0];
+            attn.forward(
+                &prompt,
+                3,
+                &mut [SeqView {
+                    rows: 0..3,
+                    start_pos: 0,
+                    cache: &mut cache,
+                }],
+            );
+            attn.forward(
+                &[0.0, 0.0],
+                1,
+                &mut [SeqView {
+                    rows: 0..1,
+                    start_pos: 3,
+                    cache: &mut cache,
+                }],
+            )
+        };
+        let full = run(&attention(None));
+        let windowed = run(&attention(Some(2)));
+        assert!((full[0] - (3.0 + 6.0 + 9.0 + 0.0) / 4.0).abs() < 1e-5, "{full:?}");
+        assert!((windowed[0] - (9.0 + 0.0) / 2.0).abs() < 1e-5, "{windowed:?}");
     }
 }
