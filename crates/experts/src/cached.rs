@@ -10,6 +10,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 
 use strata_formats::Checkpoint;
@@ -102,20 +103,42 @@ impl Lru {
 
 /// One read in flight (or queued): whoever needs the expert waits here.
 struct InFlight {
-    result: Mutex<Option<Result<Arc<Expert>, String>>>,
-    ready: Condvar,
+    state: Mutex<SlotState>,
     cancelled: AtomicBool,
     speculative: AtomicBool,
 }
 
+#[derive(Default)]
+struct SlotState {
+    result: Option<Result<Arc<Expert>, String>>,
+    /// Callers waiting for this read: (channel, their index for it), told when it completes.
+    listeners: Vec<(Sender<usize>, usize)>,
+}
+
 impl InFlight {
-    fn wait(&self) -> Result<Arc<Expert>, String> {
-        // (the result of a cancelled guess is CANCELLED; callers that need it request it again)
-        let mut r = self.result.lock().expect("in-flight lock");
-        while r.is_none() {
-            r = self.ready.wait(r).expect("in-flight wait");
+    /// The result if the read is done; otherwise `notify` will receive `index` when it is.
+    /// (The result of a cancelled guess is CANCELLED; callers that need it request it again.)
+    fn result_or_listen(&self, notify: &Sender<usize>, index: usize) -> Option<Result<Arc<Expert>, String>> {
+        let mut st = self.state.lock().expect("in-flight lock");
+        if st.result.is_none() {
+            st.listeners.push((notify.clone(), index));
         }
-        r.clone().expect("set")
+        st.result.clone()
+    }
+
+    fn result(&self) -> Option<Result<Arc<Expert>, String>> {
+        self.state.lock().expect("in-flight lock").result.clone()
+    }
+
+    fn complete(&self, result: Result<Arc<Expert>, String>) {
+        let listeners = {
+            let mut st = self.state.lock().expect("in-flight lock");
+            st.result = Some(result);
+            std::mem::take(&mut st.listeners)
+        };
+        for (tx, index) in listeners {
+            let _ = tx.send(index);
+        }
     }
 }
 
@@ -306,8 +329,7 @@ impl Shared {
                 self.insert(key, expert.clone());
             }
             self.inflight.lock().expect("in-flight lock").remove(&key);
-            *slot.result.lock().expect("in-flight lock") = Some(result);
-            slot.ready.notify_all();
+            slot.complete(result);
         }
     }
 
@@ -410,8 +432,7 @@ impl Shared {
             return slot.clone();
         }
         let slot = Arc::new(InFlight {
-            result: Mutex::new(None),
-            ready: Condvar::new(),
+            state: Mutex::new(SlotState::default()),
             cancelled: AtomicBool::new(false),
             speculative: AtomicBool::new(speculative),
         });
@@ -456,6 +477,25 @@ impl Shared {
 
 impl ExpertStore for CachedStore {
     fn get(&self, layer: usize, ids: &[usize]) -> Result<Vec<Arc<Expert>>, BoxError> {
+        let mut out: Vec<Option<Arc<Expert>>> = vec![None; ids.len()];
+        self.get_each(layer, ids, &mut |i, expert| {
+            out[i] = Some(expert);
+            Ok(())
+        })?;
+        Ok(out
+            .into_iter()
+            .map(|e| e.expect("every expert delivered"))
+            .collect())
+    }
+
+    /// Hits are handed over at once, while every miss is already in flight; misses follow in the
+    /// order their reads complete.
+    fn get_each(
+        &self,
+        layer: usize,
+        ids: &[usize],
+        on_ready: &mut dyn FnMut(usize, Arc<Expert>) -> Result<(), BoxError>,
+    ) -> Result<(), BoxError> {
         let s = &self.shared;
         for &e in ids {
             if !s.plans.contains_key(&(layer, e)) {
@@ -463,47 +503,62 @@ impl ExpertStore for CachedStore {
             }
         }
         s.settle_prediction(layer, ids);
-        // Hits now; every miss submitted before waiting on any, so they are in flight together.
-        let mut slots = Vec::with_capacity(ids.len());
-        let mut misses = 0;
-        for &e in ids {
+        let mut hits = Vec::new();
+        let mut slots: Vec<Option<Arc<InFlight>>> = vec![None; ids.len()];
+        for (i, &e) in ids.iter().enumerate() {
             match s.lookup((layer, e)) {
-                Some(expert) => slots.push(Ok(expert)),
-                None => {
-                    misses += 1;
-                    slots.push(Err(s.request((layer, e), false)));
-                }
+                Some(expert) => hits.push((i, expert)),
+                None => slots[i] = Some(s.request((layer, e), false)),
             }
         }
-        s.stats
-            .hits
-            .fetch_add((ids.len() - misses) as u64, Ordering::Relaxed);
+        let misses = ids.len() - hits.len();
+        s.stats.hits.fetch_add(hits.len() as u64, Ordering::Relaxed);
         s.stats.misses.fetch_add(misses as u64, Ordering::Relaxed);
         {
             let mut per_layer = s.layer_stats.lock().expect("stats lock");
             let e = per_layer.entry(layer).or_default();
-            e.0 += (ids.len() - misses) as u64;
+            e.0 += hits.len() as u64;
             e.1 += misses as u64;
         }
-        let t0 = std::time::Instant::now();
-        let mut out = Vec::with_capacity(ids.len());
-        for (slot, &e) in slots.into_iter().zip(ids) {
-            out.push(match slot {
-                Ok(expert) => expert,
-                Err(mut inflight) => loop {
-                    match inflight.wait() {
-                        Ok(expert) => break expert,
-                        // A guess cancelled just before this layer claimed it: read it now.
-                        Err(msg) if msg == CANCELLED => inflight = s.request((layer, e), false),
-                        Err(msg) => return Err(msg.into()),
+        for (i, expert) in hits {
+            on_ready(i, expert)?;
+        }
+        let (tx, rx) = channel();
+        let mut waiting = 0;
+        for (i, slot) in slots.iter().enumerate() {
+            if let Some(slot) = slot {
+                if slot.result_or_listen(&tx, i).is_some() {
+                    tx.send(i).expect("own channel");
+                }
+                waiting += 1;
+            }
+        }
+        let mut waited = std::time::Duration::ZERO;
+        while waiting > 0 {
+            let t0 = std::time::Instant::now();
+            let i = rx.recv().expect("a sender is held here");
+            waited += t0.elapsed();
+            let slot = slots[i].as_ref().expect("slot of a miss");
+            match slot.result().expect("completed") {
+                Ok(expert) => {
+                    waiting -= 1;
+                    on_ready(i, expert)?;
+                }
+                // A guess cancelled just before this layer claimed it: read it now.
+                Err(msg) if msg == CANCELLED => {
+                    let again = s.request((layer, ids[i]), false);
+                    if again.result_or_listen(&tx, i).is_some() {
+                        tx.send(i).expect("own channel");
                     }
-                },
-            });
+                    slots[i] = Some(again);
+                }
+                Err(msg) => return Err(msg.into()),
+            }
         }
         s.stats
             .wait_ns
-            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        Ok(out)
+            .fetch_add(waited.as_nanos() as u64, Ordering::Relaxed);
+        Ok(())
     }
 
     fn submit(&self, layer: usize, ids: &[usize]) {

@@ -31,6 +31,20 @@ pub trait ExpertStore: Send + Sync {
         ids: &[usize],
     ) -> Result<Vec<Arc<Expert>>, Box<dyn std::error::Error + Send + Sync>>;
 
+    /// Like `get`, but hands each expert to `on_ready(index in ids, expert)` as soon as it is
+    /// available, so it can be computed while the others are still being read.
+    fn get_each(
+        &self,
+        layer: usize,
+        ids: &[usize],
+        on_ready: &mut dyn FnMut(usize, Arc<Expert>) -> Result<(), Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        for (i, expert) in self.get(layer, ids)?.into_iter().enumerate() {
+            on_ready(i, expert)?;
+        }
+        Ok(())
+    }
+
     /// `ids` of `layer` are needed now: start reading the misses (the `get` that follows waits).
     fn submit(&self, _layer: usize, _ids: &[usize]) {}
 

@@ -182,33 +182,43 @@ impl MoeLayer {
         if let Some(next) = next {
             self.prefetch_from(residual, n_tokens, &next);
         }
-        let experts = self
-            .store
-            .get(self.layer, &ids)
+        // The shared expert runs first: its weights are resident, and the routed experts' reads
+        // are in flight meanwhile.
+        let shared = self.shared.as_ref().map(|m| m.forward(x, n_tokens)); // (T, D)
+
+        // Each routed expert is computed as soon as the store hands it over (cache hits first,
+        // then reads in completion order), for every token routed to it.
+        let tokens_of: Vec<&Vec<(usize, f32)>> = assigned.values().collect();
+        let mut contributions: Vec<Vec<(usize, Vec<f32>)>> = vec![Vec::new(); n_tokens];
+        let mut delivered = 0;
+        self.store
+            .get_each(self.layer, &ids, &mut |i, expert| {
+                let tokens = tokens_of[i];
+                let mut xe = Vec::with_capacity(tokens.len() * d); // (n_e, D)
+                for &(t, _) in tokens {
+                    xe.extend_from_slice(&x[t * d..(t + 1) * d]);
+                }
+                let ye = expert.forward(&xe, tokens.len()); // (n_e, D)
+                for (j, &(t, w)) in tokens.iter().enumerate() {
+                    let y: Vec<f32> = ye[j * d..(j + 1) * d].iter().map(|v| v * w).collect();
+                    contributions[t].push((ids[i], y));
+                }
+                delivered += 1;
+                Ok(())
+            })
             .map_err(|source| ModelError::Experts {
                 layer: self.layer,
                 source,
             })?;
-        if experts.len() != ids.len() {
+        if delivered != ids.len() {
             return Err(ModelError::Experts {
                 layer: self.layer,
-                source: format!("asked for {} experts, got {}", ids.len(), experts.len()).into(),
+                source: format!("asked for {} experts, got {delivered}", ids.len()).into(),
             });
         }
 
-        // Per token, contributions are summed in ascending expert order (batch invariant).
-        let mut contributions: Vec<Vec<(usize, Vec<f32>)>> = vec![Vec::new(); n_tokens];
-        for (expert, (&id, tokens)) in experts.iter().zip(&assigned) {
-            let mut xe = Vec::with_capacity(tokens.len() * d); // (n_e, D)
-            for &(t, _) in tokens {
-                xe.extend_from_slice(&x[t * d..(t + 1) * d]);
-            }
-            let ye = expert.forward(&xe, tokens.len()); // (n_e, D)
-            for (i, &(t, w)) in tokens.iter().enumerate() {
-                let y: Vec<f32> = ye[i * d..(i + 1) * d].iter().map(|v| v * w).collect();
-                contributions[t].push((id, y));
-            }
-        }
+        // Per token, contributions are summed in ascending expert order whatever order they
+        // arrived in (batch invariant and deterministic).
         let mut out = vec![0f32; n_tokens * d];
         for (t, parts) in contributions.iter_mut().enumerate() {
             parts.sort_by_key(|(id, _)| *id);
@@ -219,8 +229,7 @@ impl MoeLayer {
                 }
             }
         }
-        if let Some(shared) = &self.shared {
-            let ys = shared.forward(x, n_tokens);
+        if let Some(ys) = shared {
             for (o, v) in out.iter_mut().zip(&ys) {
                 *o += v;
             }
