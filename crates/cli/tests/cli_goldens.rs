@@ -5,7 +5,8 @@ use std::process::Command;
 
 use serde_json::Value;
 use strata_testkit::{
-    as_f32s, as_u32s, check_last_logits, fixture, golden, rel_tolerance, BF16_MODELS, QUANTIZED_MODELS,
+    as_f32s, as_u32s, check_last_logits, checked_generation_len, fixture, golden, rel_tolerance, BF16_MODELS,
+    QUANTIZED_MODELS,
 };
 
 fn strata(args: &[&str]) -> Value {
@@ -75,10 +76,7 @@ fn logits_and_run_through_the_binary_match_goldens() {
             ]);
             let got = as_u32s(&out["token_ids"]);
             let margins = as_f32s(&entry["step_top2_margin"]);
-            let checked = margins
-                .iter()
-                .position(|&m| m < 2.0 * rel * absmax)
-                .map_or(want.len(), |i| i + 1);
+            let checked = checked_generation_len(&margins, rel, absmax);
             assert_eq!(&got[..checked], &want[..checked], "{name} generation via CLI");
             assert!(out["text"].is_string());
         }
@@ -199,10 +197,7 @@ fn a_cache_smaller_than_one_expert_changes_nothing_through_the_binary() {
         let p = entry["prompt_index"].as_u64().unwrap() as usize;
         let absmax = g["prompts"][p]["last_logits_absmax"].as_f64().unwrap() as f32;
         let margins = as_f32s(&entry["step_top2_margin"]);
-        let checked = margins
-            .iter()
-            .position(|&m| m < 2.0 * rel * absmax)
-            .map_or(want.len(), |i| i + 1);
+        let checked = checked_generation_len(&margins, rel, absmax);
         assert_eq!(
             &as_u32s(&out["token_ids"])[..checked],
             &want[..checked],

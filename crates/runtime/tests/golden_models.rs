@@ -6,8 +6,8 @@ use serde_json::Value;
 use strata_models::Trace;
 use strata_runtime::{Engine, FinishReason, GenEvent, LoadOptions, ModelPlan, Request, SamplingParams};
 use strata_testkit::{
-    as_f32s, as_u32s, as_usizes, check_last_logits, fixture, golden, golden_tensor, rel_tolerance,
-    BF16_MODELS, QUANTIZED_MODELS,
+    as_f32s, as_u32s, as_usizes, check_last_logits, checked_generation_len, fixture, golden, golden_tensor,
+    rel_tolerance, BF16_MODELS, QUANTIZED_MODELS,
 };
 
 fn load(name: &str) -> Engine {
@@ -136,10 +136,7 @@ pub fn check_generation(name: &str, engine: &Engine, g: &Value, rel: f32) {
             .remove(0);
         assert_eq!(finished, Some(FinishReason::Length));
         let margins = as_f32s(&entry["step_top2_margin"]);
-        let checked = margins
-            .iter()
-            .position(|&m| m < 2.0 * rel * absmax)
-            .map_or(want.len(), |i| i + 1);
+        let checked = checked_generation_len(&margins, rel, absmax);
         assert_eq!(
             &got[..checked],
             &want[..checked],

@@ -146,3 +146,12 @@ impl Drop for ScratchCopy {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// How many generated tokens must match: up to and including the first step whose top-2 margin
+/// is below 2 x rel x absmax (a near-tie; after it the sequences may diverge).
+pub fn checked_generation_len(step_margins: &[f32], rel: f32, absmax: f32) -> usize {
+    step_margins
+        .iter()
+        .position(|&m| m < 2.0 * rel * absmax)
+        .map_or(step_margins.len(), |i| i + 1)
+}

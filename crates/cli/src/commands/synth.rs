@@ -163,6 +163,13 @@ fn write_shard(path: &Path, tensors: &[Tensor], seed: u64) -> Result<()> {
     Ok(())
 }
 
+/// A SwiGLU MLP's three projections under `base`.
+fn mlp(out: &mut Vec<Tensor>, base: &str, inter: usize, hidden: usize, format: ExpertFormat) {
+    linear(out, &format!("{base}.gate_proj"), inter, hidden, format);
+    linear(out, &format!("{base}.up_proj"), inter, hidden, format);
+    linear(out, &format!("{base}.down_proj"), hidden, inter, format);
+}
+
 fn linear(out: &mut Vec<Tensor>, base: &str, rows: usize, cols: usize, format: ExpertFormat) {
     let std_uniform = 0.02 * 3f32.sqrt();
     match format {
@@ -283,27 +290,7 @@ pub fn synth(args: SynthArgs) -> Result<()> {
             bf16(format!("{p}.self_attn.o_proj.weight"), vec![hidden, heads * v]),
         ];
         if l < first_dense {
-            linear(
-                &mut t,
-                &format!("{p}.mlp.gate_proj"),
-                inter,
-                hidden,
-                ExpertFormat::Bf16,
-            );
-            linear(
-                &mut t,
-                &format!("{p}.mlp.up_proj"),
-                inter,
-                hidden,
-                ExpertFormat::Bf16,
-            );
-            linear(
-                &mut t,
-                &format!("{p}.mlp.down_proj"),
-                hidden,
-                inter,
-                ExpertFormat::Bf16,
-            );
+            mlp(&mut t, &format!("{p}.mlp"), inter, hidden, ExpertFormat::Bf16);
         } else {
             t.push(bf16(format!("{p}.mlp.gate.weight"), vec![experts, hidden]));
             t.push(Tensor {
@@ -312,33 +299,21 @@ pub fn synth(args: SynthArgs) -> Result<()> {
                 shape: vec![experts],
                 fill: Fill::Zeros,
             });
-            for (proj, rows, cols) in [
-                ("gate_proj", moe_inter, hidden),
-                ("up_proj", moe_inter, hidden),
-                ("down_proj", hidden, moe_inter),
-            ] {
-                linear(
-                    &mut t,
-                    &format!("{p}.mlp.shared_experts.{proj}"),
-                    rows,
-                    cols,
-                    ExpertFormat::Bf16,
-                );
-            }
+            mlp(
+                &mut t,
+                &format!("{p}.mlp.shared_experts"),
+                moe_inter,
+                hidden,
+                ExpertFormat::Bf16,
+            );
             for e in 0..experts {
-                for (proj, rows, cols) in [
-                    ("gate_proj", moe_inter, hidden),
-                    ("up_proj", moe_inter, hidden),
-                    ("down_proj", hidden, moe_inter),
-                ] {
-                    linear(
-                        &mut t,
-                        &format!("{p}.mlp.experts.{e}.{proj}"),
-                        rows,
-                        cols,
-                        args.expert_format,
-                    );
-                }
+                mlp(
+                    &mut t,
+                    &format!("{p}.mlp.experts.{e}"),
+                    moe_inter,
+                    hidden,
+                    args.expert_format,
+                );
             }
         }
         shards.push(t);
