@@ -122,6 +122,21 @@ pub fn u16_vec_from_bytes<E>(n: usize, fill: impl FnOnce(&mut [u8]) -> Result<()
     Ok(v)
 }
 
+/// Row r of a packed matrix and of its scales: `per_row` items of data and `scales_per_row` scales.
+#[inline]
+fn packed_row<'a, P, S>(
+    packed: &'a [P],
+    scales: &'a [S],
+    per_row: usize,
+    scales_per_row: usize,
+    r: usize,
+) -> (&'a [P], &'a [S]) {
+    (
+        &packed[r * per_row..(r + 1) * per_row],
+        &scales[r * scales_per_row..(r + 1) * scales_per_row],
+    )
+}
+
 fn u16s(bytes: &[u8]) -> Vec<u16> {
     bytes
         .chunks_exact(2)
@@ -196,17 +211,12 @@ impl Linear {
                 scales,
                 group,
             } => {
-                let (wr, sr) = (n.div_ceil(8), n.div_ceil(*group));
-                int4::dot_int4(
-                    &packed[r * wr..(r + 1) * wr],
-                    &scales[r * sr..(r + 1) * sr],
-                    *group,
-                    x,
-                )
+                let (p, s) = packed_row(packed, scales, n.div_ceil(8), n.div_ceil(*group), r);
+                int4::dot_int4(p, s, *group, x)
             }
             WeightData::Mxfp4 { packed, scales } => {
-                let (wr, sr) = (n.div_ceil(2), n.div_ceil(mxfp4::GROUP));
-                mxfp4::dot_mxfp4(&packed[r * wr..(r + 1) * wr], &scales[r * sr..(r + 1) * sr], x)
+                let (p, s) = packed_row(packed, scales, n.div_ceil(2), n.div_ceil(mxfp4::GROUP), r);
+                mxfp4::dot_mxfp4(p, s, x)
             }
             WeightData::Int8 { w, scales } => int8::dot_int8(&w[a..b], scales[r], x),
         }
@@ -234,18 +244,12 @@ impl Linear {
                 },
                 Prepared::Int4(p),
             ) => {
-                let (wr, sr) = (n.div_ceil(8), n.div_ceil(*group));
-                int4::dot_int4_prepared(
-                    &packed[r * wr..(r + 1) * wr],
-                    &scales[r * sr..(r + 1) * sr],
-                    *group,
-                    x,
-                    p,
-                )
+                let (w, s) = packed_row(packed, scales, n.div_ceil(8), n.div_ceil(*group), r);
+                int4::dot_int4_prepared(w, s, *group, x, p)
             }
             (WeightData::Mxfp4 { packed, scales }, Prepared::Mxfp4(p)) => {
-                let (wr, sr) = (n.div_ceil(2), n.div_ceil(mxfp4::GROUP));
-                mxfp4::dot_mxfp4_prepared(&packed[r * wr..(r + 1) * wr], &scales[r * sr..(r + 1) * sr], x, p)
+                let (w, s) = packed_row(packed, scales, n.div_ceil(2), n.div_ceil(mxfp4::GROUP), r);
+                mxfp4::dot_mxfp4_prepared(w, s, x, p)
             }
             _ => self.row_dot(r, x),
         }
@@ -349,15 +353,13 @@ impl Linear {
                 scales,
                 group,
             } => {
-                let (wr, sr) = (n.div_ceil(8), n.div_ceil(*group));
-                let (p, s) = (&packed[r * wr..(r + 1) * wr], &scales[r * sr..(r + 1) * sr]);
+                let (p, s) = packed_row(packed, scales, n.div_ceil(8), n.div_ceil(*group), r);
                 for (j, o) in out.iter_mut().enumerate() {
                     *o = int4::int4_at(p, j) as f32 * dot::bf16_to_f32(s[j / group]);
                 }
             }
             WeightData::Mxfp4 { packed, scales } => {
-                let (wr, sr) = (n.div_ceil(2), n.div_ceil(mxfp4::GROUP));
-                let (p, s) = (&packed[r * wr..(r + 1) * wr], &scales[r * sr..(r + 1) * sr]);
+                let (p, s) = packed_row(packed, scales, n.div_ceil(2), n.div_ceil(mxfp4::GROUP), r);
                 for (j, o) in out.iter_mut().enumerate() {
                     *o = mxfp4::E2M1[mxfp4::code_at(p, j) as usize] * mxfp4::e8m0_to_f32(s[j / mxfp4::GROUP]);
                 }
