@@ -112,6 +112,12 @@ impl JsonConfig {
         }
     }
 
+    /// The language model's config: `text_config` when the root wraps one (multimodal
+    /// checkpoints such as Kimi K3), else the root itself.
+    pub fn text_config(&self) -> Result<JsonConfig> {
+        Ok(self.opt_object("text_config")?.unwrap_or_else(|| self.clone()))
+    }
+
     pub fn opt_usize_list(&self, key: &str) -> Result<Option<Vec<usize>>> {
         match self.get(key) {
             None => Ok(None),

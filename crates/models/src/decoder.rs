@@ -1,9 +1,13 @@
 //! The decoder skeleton every family shares: embed -> blocks (norm, attention, residual, norm,
-//! MLP or MoE, residual) -> final norm -> LM head. Families differ in how they fill the blocks.
+//! MLP or MoE, residual) -> final norm -> LM head. Families differ in how they fill the blocks,
+//! and in the residual: a plain running sum, or Block AttnRes (Kimi K3), where each layer reads
+//! a learned mixture of the completed block sums and the current partial sum.
 
 use strata_kernels::Linear;
 
 use crate::layers::attention::{GqaAttention, SeqView};
+use crate::layers::attn_res::{AttnRes, LayerRes};
+use crate::layers::kda::KdaAttention;
 use crate::layers::math::{add_into, rms_normed};
 use crate::layers::mla::MlaAttention;
 use crate::layers::mlp::Mlp;
@@ -21,8 +25,11 @@ pub struct SeqInput<'a> {
 pub enum Attention {
     Gqa(GqaAttention),
     Mla(MlaAttention),
+    Kda(Box<KdaAttention>),
 }
 
+/// One per layer, so the size difference of the variants does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum Ffn {
     Dense(Mlp),
     Moe(MoeLayer),
@@ -35,6 +42,8 @@ pub struct Block {
     /// (D,)
     pub ffn_norm: Vec<f32>,
     pub ffn: Ffn,
+    /// This layer's AttnRes mixing weights (with [`Decoder::attn_res`]).
+    pub res: Option<LayerRes>,
 }
 
 pub struct Decoder {
@@ -47,6 +56,8 @@ pub struct Decoder {
     /// (V, D)
     pub lm_head: Linear,
     pub eps: f32,
+    /// Block AttnRes in place of the plain residual (every block has its `res`).
+    pub attn_res: Option<AttnRes>,
 }
 
 impl Model for Decoder {
@@ -56,8 +67,9 @@ impl Model for Decoder {
 
     fn new_cache(&self) -> KvCache {
         KvCache::new(self.blocks.iter().map(|b| match &b.attn {
-            Attention::Gqa(a) => a.cache_dims(),
-            Attention::Mla(a) => a.cache_dims(),
+            Attention::Gqa(a) => a.state(),
+            Attention::Mla(a) => a.state(),
+            Attention::Kda(a) => a.state(),
         }))
     }
 
@@ -79,9 +91,27 @@ impl Model for Decoder {
             t.hidden.push(("embed".into(), x.clone()));
         }
 
+        // AttnRes: the completed block sums, each (T, D).
+        let mut done_blocks: Vec<Vec<f32>> = Vec::new();
         for (l, block) in self.blocks.iter().enumerate() {
             let _span = tracing::trace_span!("layer", l).entered();
-            let h = rms_normed(&x, &block.attn_norm, self.eps);
+            let (h, mut partial) = match (&self.attn_res, &block.res) {
+                (Some(ar), Some(res)) => {
+                    let h = if done_blocks.is_empty() {
+                        rms_normed(&x, &block.attn_norm, self.eps)
+                    } else {
+                        let mixed = res.attn.mix(&x, &done_blocks, self.eps);
+                        rms_normed(&mixed, &block.attn_norm, self.eps)
+                    };
+                    if l.is_multiple_of(ar.block_size) {
+                        done_blocks.push(std::mem::take(&mut x));
+                        (h, vec![0f32; n_tokens * d])
+                    } else {
+                        (h, std::mem::take(&mut x))
+                    }
+                }
+                _ => (rms_normed(&x, &block.attn_norm, self.eps), std::mem::take(&mut x)),
+            };
             let mut views = Vec::with_capacity(batch.len());
             let mut row = 0;
             for seq in batch.iter_mut() {
@@ -96,10 +126,16 @@ impl Model for Decoder {
             let a = match &block.attn {
                 Attention::Gqa(attn) => attn.forward(&h, n_tokens, &mut views),
                 Attention::Mla(attn) => attn.forward(&h, n_tokens, &mut views),
+                Attention::Kda(attn) => attn.forward(&h, n_tokens, &mut views),
             };
-            add_into(&mut x, &a);
+            add_into(&mut partial, &a);
 
-            let h = rms_normed(&x, &block.ffn_norm, self.eps);
+            let mixed = match &block.res {
+                Some(res) if self.attn_res.is_some() => Some(res.mlp.mix(&partial, &done_blocks, self.eps)),
+                _ => None,
+            };
+            let ffn_in = mixed.as_deref().unwrap_or(&partial);
+            let h = rms_normed(ffn_in, &block.ffn_norm, self.eps);
             // The next MoE layer's router, to guess its experts from this residual while this
             // block's MLP or experts run.
             let next = self.blocks[l + 1..]
@@ -120,7 +156,7 @@ impl Model for Decoder {
             let f = match &block.ffn {
                 Ffn::Dense(mlp) => {
                     if let Some((m, next)) = next {
-                        m.prefetch_from(&x, n_tokens, &next);
+                        m.prefetch_from(ffn_in, n_tokens, &next);
                     }
                     mlp.forward(&h, n_tokens)
                 }
@@ -129,18 +165,22 @@ impl Model for Decoder {
                     match trace.as_deref_mut() {
                         Some(t) => {
                             let mut rec = RoutingRecord::default();
-                            let f = moe.forward(&h, n_tokens, &x, next, Some(&mut rec))?;
+                            let f = moe.forward(&h, n_tokens, ffn_in, next, Some(&mut rec))?;
                             t.routing.push(rec);
                             f
                         }
-                        None => moe.forward(&h, n_tokens, &x, next, None)?,
+                        None => moe.forward(&h, n_tokens, ffn_in, next, None)?,
                     }
                 }
             };
-            add_into(&mut x, &f);
+            add_into(&mut partial, &f);
+            x = partial;
             if let Some(t) = trace.as_deref_mut() {
                 t.hidden.push((format!("layer{l}"), x.clone()));
             }
+        }
+        if let Some(ar) = &self.attn_res {
+            x = ar.output.mix(&x, &done_blocks, self.eps);
         }
         for seq in batch.iter_mut() {
             seq.cache.len += seq.tokens.len();

@@ -8,11 +8,12 @@
 use strata_formats::{Checkpoint, JsonConfig};
 
 use crate::decoder::{Attention, Block, Decoder, Ffn};
+use crate::layers::math::Activation;
 use crate::layers::mla::{MlaAttention, QueryProj};
 use crate::layers::mlp::Mlp;
 use crate::layers::moe::{MoeLayer, Router, RoutingRule};
 use crate::layers::rope::{yarn_mscale, Rope, RopeStyle};
-use crate::registry::{bad_config, load_ends, names, StoreFactory};
+use crate::registry::{bad_config, load_ends, names, ConfigSummary, StoreFactory};
 use crate::weights::{load_linear, load_vector};
 use crate::{ExpertLayout, Model, ModelInfo, Result};
 
@@ -117,9 +118,16 @@ pub fn expert_layout(cfg: &JsonConfig) -> Result<ExpertLayout> {
 }
 
 /// MLA caches the normed latent and the roped key per position per layer (f32).
-pub fn state_bytes_per_token(cfg: &JsonConfig) -> Result<usize> {
+pub fn summary(cfg: &JsonConfig) -> Result<ConfigSummary> {
     let c = Config::read(cfg)?;
-    Ok(c.n_layers * (c.kv_lora + c.rope) * 4)
+    Ok(ConfigSummary {
+        n_layers: c.n_layers,
+        vocab_size: c.vocab,
+        hidden_dim: c.hidden,
+        max_positions: c.max_pos,
+        state_bytes_per_token: c.n_layers * (c.kv_lora + c.rope) * 4,
+        state_bytes_per_sequence: 0,
+    })
 }
 
 pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, stores: StoreFactory<'_>) -> Result<Box<dyn Model>> {
@@ -170,13 +178,14 @@ pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, stores: StoreFactory<'_>) -> Re
                 c.kv_lora,
             )?,
             o: load_linear(ckpt, &format!("{a}.o_proj"), c.hidden, c.n_heads * c.v)?,
+            gate: None,
             n_heads: c.n_heads,
             nope_dim: c.nope,
             rope_dim: c.rope,
             v_dim: c.v,
             kv_lora: c.kv_lora,
             softmax_scale: softmax_scale as f32,
-            rope: rope.clone(),
+            rope: Some(rope.clone()),
             eps: c.eps,
         };
         let mlp = |base: &str, inter: usize| -> Result<Mlp> {
@@ -184,6 +193,7 @@ pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, stores: StoreFactory<'_>) -> Re
                 gate: load_linear(ckpt, &format!("{base}.gate_proj"), inter, c.hidden)?,
                 up: load_linear(ckpt, &format!("{base}.up_proj"), inter, c.hidden)?,
                 down: load_linear(ckpt, &format!("{base}.down_proj"), c.hidden, inter)?,
+                act: Activation::Silu,
             })
         };
         let ffn = if c.is_moe(l) {
@@ -210,6 +220,8 @@ pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, stores: StoreFactory<'_>) -> Re
                 } else {
                     None
                 },
+                latent: None,
+                act: Activation::Silu,
                 store: store.clone(),
             })
         } else {
@@ -220,6 +232,7 @@ pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, stores: StoreFactory<'_>) -> Re
             attn: Attention::Mla(attn),
             ffn_norm: load_vector(ckpt, &format!("{p}.post_attention_layernorm.weight"), c.hidden)?,
             ffn,
+            res: None,
         });
     }
     let (embed, norm, lm_head) = load_ends(cfg, ckpt, c.vocab, c.hidden)?;
@@ -239,5 +252,6 @@ pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, stores: StoreFactory<'_>) -> Re
         norm,
         lm_head,
         eps: c.eps,
+        attn_res: None,
     }))
 }

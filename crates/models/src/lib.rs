@@ -1,5 +1,5 @@
 //! Model families, one file each (`deepseek_v3.rs` also serves Kimi K2; `qwen3_moe.rs`;
-//! `mixtral.rs`), over shared layers in `layers/`. A family reads its config, names its tensors,
+//! `mixtral.rs`; `kimi_linear.rs`; `kimi_k3.rs`), over shared layers in `layers/`. A family reads its config, names its tensors,
 //! builds decoder blocks and routes tokens; it never does I/O or spawns threads: MoE layers get
 //! their experts from an [`ExpertStore`], whose inside (RAM, disk, network) is not the model's
 //! business.
@@ -19,14 +19,16 @@ mod trace;
 mod weights;
 
 mod deepseek_v3;
+mod kimi_k3;
+mod kimi_linear;
 mod mixtral;
 mod qwen3_moe;
 
-pub use cache::{KvCache, LayerCache};
+pub use cache::{KvCache, LayerCache, LayerState};
 pub use decoder::{Decoder, SeqInput};
 pub use error::ModelError;
 pub use info::{ModelInfo, TensorSummary};
-pub use registry::{family_for, load_model, Family, StoreFactory, FAMILIES};
+pub use registry::{family_for, load_model, ConfigSummary, Family, StoreFactory, TensorDesc, FAMILIES};
 pub use store::{Expert, ExpertLayout, ExpertStore};
 pub use trace::{RoutingRecord, Trace};
 pub use weights::{load_linear, load_vector, resolve_linear, LinearFormat, LinearSpec};

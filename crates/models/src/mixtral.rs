@@ -6,9 +6,10 @@ use strata_formats::{Checkpoint, JsonConfig};
 
 use crate::decoder::{Attention, Block, Decoder, Ffn};
 use crate::layers::attention::GqaAttention;
+use crate::layers::math::Activation;
 use crate::layers::moe::{MoeLayer, Router, RoutingRule};
 use crate::layers::rope::{Rope, RopeStyle};
-use crate::registry::{check_gqa, load_ends, names, StoreFactory};
+use crate::registry::{check_gqa, load_ends, names, ConfigSummary, StoreFactory};
 use crate::weights::{load_linear, load_vector};
 use crate::{ExpertLayout, Model, ModelInfo, Result};
 
@@ -64,9 +65,16 @@ pub fn expert_layout(cfg: &JsonConfig) -> Result<ExpertLayout> {
 }
 
 /// Keys and values of every KV head per position per layer (f32).
-pub fn state_bytes_per_token(cfg: &JsonConfig) -> Result<usize> {
+pub fn summary(cfg: &JsonConfig) -> Result<ConfigSummary> {
     let c = Config::read(cfg)?;
-    Ok(c.n_layers * 2 * c.n_kv_heads * c.head_dim * 4)
+    Ok(ConfigSummary {
+        n_layers: c.n_layers,
+        vocab_size: c.vocab,
+        hidden_dim: c.hidden,
+        max_positions: c.max_pos,
+        state_bytes_per_token: c.n_layers * 2 * c.n_kv_heads * c.head_dim * 4,
+        state_bytes_per_sequence: 0,
+    })
 }
 
 pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, stores: StoreFactory<'_>) -> Result<Box<dyn Model>> {
@@ -101,8 +109,11 @@ pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, stores: StoreFactory<'_>) -> Re
                     rule: RoutingRule::SoftmaxTopK { norm_topk_prob: true },
                 },
                 shared: None,
+                latent: None,
+                act: Activation::Silu,
                 store: store.clone(),
             }),
+            res: None,
         });
     }
     let (embed, norm, lm_head) = load_ends(cfg, ckpt, c.vocab, c.hidden)?;
@@ -122,5 +133,6 @@ pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, stores: StoreFactory<'_>) -> Re
         norm,
         lm_head,
         eps: c.eps,
+        attn_res: None,
     }))
 }

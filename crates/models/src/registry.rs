@@ -12,14 +12,20 @@ use crate::{ExpertLayout, ExpertStore, Model, ModelError, Result};
 /// Builds the expert store for a family's layout (the runtime decides which store).
 pub type StoreFactory<'a> = &'a dyn Fn(&ExpertLayout) -> Result<Arc<dyn ExpertStore>>;
 
+/// Lists a config's tensors without reading any weights.
+pub type InventoryFn = fn(&JsonConfig) -> Result<Vec<TensorDesc>>;
+
 pub struct Family {
     pub name: &'static str,
     pub model_types: &'static [&'static str],
     pub architectures: &'static [&'static str],
     /// Where the routed experts are, from config alone.
     pub expert_layout: fn(&JsonConfig) -> Result<ExpertLayout>,
-    /// Bytes of decoding state (KV cache) one position of one sequence holds, from config alone.
-    pub state_bytes_per_token: fn(&JsonConfig) -> Result<usize>,
+    /// Sizes and decoding-state bytes, from config alone.
+    pub summary: fn(&JsonConfig) -> Result<ConfigSummary>,
+    /// Every tensor a checkpoint of this config holds, from config alone (`strata inspect
+    /// --config-only`), where the family can say.
+    pub inventory: Option<InventoryFn>,
     pub load: fn(&JsonConfig, &Checkpoint, StoreFactory<'_>) -> Result<Box<dyn Model>>,
 }
 
@@ -29,7 +35,8 @@ pub static FAMILIES: &[Family] = &[
         model_types: &["deepseek_v3", "kimi_k2"],
         architectures: &["DeepseekV3ForCausalLM"],
         expert_layout: crate::deepseek_v3::expert_layout,
-        state_bytes_per_token: crate::deepseek_v3::state_bytes_per_token,
+        summary: crate::deepseek_v3::summary,
+        inventory: None,
         load: crate::deepseek_v3::load,
     },
     Family {
@@ -37,7 +44,8 @@ pub static FAMILIES: &[Family] = &[
         model_types: &["qwen3_moe"],
         architectures: &["Qwen3MoeForCausalLM"],
         expert_layout: crate::qwen3_moe::expert_layout,
-        state_bytes_per_token: crate::qwen3_moe::state_bytes_per_token,
+        summary: crate::qwen3_moe::summary,
+        inventory: None,
         load: crate::qwen3_moe::load,
     },
     Family {
@@ -45,10 +53,50 @@ pub static FAMILIES: &[Family] = &[
         model_types: &["mixtral"],
         architectures: &["MixtralForCausalLM"],
         expert_layout: crate::mixtral::expert_layout,
-        state_bytes_per_token: crate::mixtral::state_bytes_per_token,
+        summary: crate::mixtral::summary,
+        inventory: None,
         load: crate::mixtral::load,
     },
+    Family {
+        name: "kimi_linear",
+        model_types: &["kimi_linear"],
+        architectures: &["KimiLinearForCausalLM"],
+        expert_layout: crate::kimi_linear::expert_layout,
+        summary: crate::kimi_linear::summary,
+        inventory: Some(crate::kimi_linear::inventory),
+        load: crate::kimi_linear::load,
+    },
+    Family {
+        name: "kimi_k3",
+        model_types: &["kimi_k3"],
+        architectures: &["KimiK3ForConditionalGeneration"],
+        expert_layout: crate::kimi_k3::expert_layout,
+        summary: crate::kimi_k3::summary,
+        inventory: Some(crate::kimi_k3::inventory),
+        load: crate::kimi_k3::load,
+    },
 ];
+
+/// What a config alone says about a model (the language model's part).
+#[derive(Clone, Debug)]
+pub struct ConfigSummary {
+    pub n_layers: usize,
+    pub vocab_size: usize,
+    pub hidden_dim: usize,
+    pub max_positions: usize,
+    /// Decoding state one position of one sequence adds (KV cache rows).
+    pub state_bytes_per_token: usize,
+    /// Decoding state one sequence holds whatever its length (recurrent layers).
+    pub state_bytes_per_sequence: usize,
+}
+
+/// One tensor a checkpoint holds (name, shape, storage dtype).
+#[derive(Clone, Debug)]
+pub struct TensorDesc {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub dtype: strata_formats::DType,
+}
 
 pub fn family_for(cfg: &JsonConfig) -> Result<&'static Family> {
     let model_type = cfg.opt_str("model_type")?;

@@ -27,6 +27,8 @@ pub enum EngineError {
     PromptTooLong { prompt: usize, max: usize },
     #[error("empty prompt: at least one token is needed")]
     EmptyPrompt,
+    #[error("{}: the {family} family cannot list its tensors from config alone; give the model folder", path.display())]
+    NoInventory { path: PathBuf, family: &'static str },
     #[error(
         "--mem {} is too small for this model: its non-expert weights take {}, decoding state for the reserved context {}, read buffers {} (streaming non-expert weights is not implemented yet)",
         gib(*mem), gib(*resident), gib(*state), gib(*buffers)
@@ -111,7 +113,8 @@ pub struct LogitsOutput {
 impl Engine {
     pub fn load(dir: &Path, options: &LoadOptions) -> Result<Engine, EngineError> {
         let cfg = JsonConfig::read(&dir.join("config.json"))?;
-        let ckpt = Checkpoint::open(dir)?.with_quantization(QuantizationConfig::from_config(&cfg)?);
+        let ckpt =
+            Checkpoint::open(dir)?.with_quantization(QuantizationConfig::from_config(&cfg.text_config()?)?);
         let memory = MemoryPlan::new(&ModelPlan::from_dir(dir)?, options.mem, options.expert_cache)?;
         let budget = memory.expert_cache;
         let store_slot: std::cell::RefCell<Option<Arc<CachedStore>>> = Default::default();
@@ -213,6 +216,8 @@ pub struct ModelPlan {
     pub max_positions: usize,
     /// Decoding state (KV cache) of one position of one sequence.
     pub state_bytes_per_token: usize,
+    /// Decoding state of one sequence whatever its length (recurrent layers).
+    pub state_bytes_per_sequence: usize,
     pub total_params: u64,
     pub expert_params: u64,
     pub expert_bytes: u64,
@@ -225,10 +230,43 @@ pub struct ModelPlan {
 impl ModelPlan {
     pub fn from_dir(dir: &Path) -> Result<ModelPlan, EngineError> {
         let cfg = JsonConfig::read(&dir.join("config.json"))?;
-        let family = family_for(&cfg)?;
-        let layout = (family.expert_layout)(&cfg)?;
         let ckpt = Checkpoint::open(dir)?;
+        let entries = ckpt.entries().map(|e| {
+            (
+                e.info.name.clone(),
+                e.info.dtype,
+                e.info.numel() as u64,
+                e.info.len,
+            )
+        });
+        Self::from_tensors(&cfg, entries)
+    }
 
+    /// The plan of a config alone (no weights): the family lists the tensors a checkpoint of
+    /// this config holds, in the real checkpoints' storage formats.
+    pub fn from_config(config: &Path) -> Result<ModelPlan, EngineError> {
+        let cfg = JsonConfig::read(config)?;
+        let family = family_for(&cfg)?;
+        let inventory = family.inventory.ok_or_else(|| EngineError::NoInventory {
+            path: config.to_path_buf(),
+            family: family.name,
+        })?;
+        let entries = inventory(&cfg)?.into_iter().map(|t| {
+            let numel: u64 = t.shape.iter().map(|&n| n as u64).product();
+            let bytes = numel * t.dtype.size() as u64;
+            (t.name, t.dtype, numel, bytes)
+        });
+        Self::from_tensors(&cfg, entries)
+    }
+
+    /// `tensors`: (name, dtype, elements, bytes) of every tensor.
+    fn from_tensors(
+        cfg: &JsonConfig,
+        tensors: impl Iterator<Item = (String, DType, u64, u64)>,
+    ) -> Result<ModelPlan, EngineError> {
+        let family = family_for(cfg)?;
+        let layout = (family.expert_layout)(cfg)?;
+        let summary = (family.summary)(cfg)?;
         let mut prefixes = HashSet::new();
         for &l in &layout.moe_layers {
             for e in 0..layout.n_experts {
@@ -241,12 +279,13 @@ impl ModelPlan {
             architecture: cfg.architecture().unwrap_or("?").to_string(),
             model_type: cfg.opt_str("model_type")?.unwrap_or("?").to_string(),
             family: family.name,
-            n_layers: cfg.usize("num_hidden_layers")?,
-            vocab_size: cfg.usize("vocab_size")?,
-            hidden_dim: cfg.usize("hidden_size")?,
+            n_layers: summary.n_layers,
+            vocab_size: summary.vocab_size,
+            hidden_dim: summary.hidden_dim,
             layout,
-            max_positions: cfg.usize("max_position_embeddings")?,
-            state_bytes_per_token: (family.state_bytes_per_token)(&cfg)?,
+            max_positions: summary.max_positions,
+            state_bytes_per_token: summary.state_bytes_per_token,
+            state_bytes_per_sequence: summary.state_bytes_per_sequence,
             total_params: 0,
             expert_params: 0,
             expert_bytes: 0,
@@ -255,23 +294,21 @@ impl ModelPlan {
             formats: Vec::new(),
         };
         let mut formats: std::collections::BTreeMap<String, (usize, u64)> = Default::default();
-        for entry in ckpt.entries() {
-            let info = &entry.info;
-            let params = logical_params(&info.name, info.dtype, info.numel() as u64);
-            let is_expert = info
-                .name
+        for (name, dtype, numel, len) in tensors {
+            let params = logical_params(&name, dtype, numel);
+            let is_expert = name
                 .rsplit_once('.')
                 .is_some_and(|(base, _)| prefixes.contains(base));
             if is_expert {
                 plan.expert_params += params;
-                plan.expert_bytes += info.len;
+                plan.expert_bytes += len;
             } else {
                 plan.non_expert_params += params;
-                plan.non_expert_bytes += info.len;
+                plan.non_expert_bytes += len;
             }
-            let f = formats.entry(info.dtype.name().to_string()).or_default();
+            let f = formats.entry(dtype.name().to_string()).or_default();
             f.0 += 1;
-            f.1 += info.len;
+            f.1 += len;
         }
         plan.total_params = plan.expert_params + plan.non_expert_params;
         plan.formats = formats.into_iter().map(|(k, (n, b))| (k, n, b)).collect();

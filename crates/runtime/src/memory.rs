@@ -18,6 +18,8 @@ pub struct MemoryPlan {
     /// Non-expert weights, loaded into RAM.
     pub resident: usize,
     pub state_per_token: usize,
+    /// State one sequence holds whatever its length (recurrent layers).
+    pub state_per_sequence: usize,
     pub state_reserve_tokens: usize,
     /// Expert reads in flight (raw buffer + decoded copy per reader thread) and working memory.
     pub buffers: usize,
@@ -27,8 +29,9 @@ pub struct MemoryPlan {
 }
 
 impl MemoryPlan {
+    /// One sequence of `state_reserve_tokens` positions.
     pub fn state_reserve(&self) -> usize {
-        self.state_per_token * self.state_reserve_tokens
+        self.state_per_token * self.state_reserve_tokens + self.state_per_sequence
     }
 
     /// Bytes the plan accounts for.
@@ -54,6 +57,7 @@ impl MemoryPlan {
             mem,
             resident,
             state_per_token: plan.state_bytes_per_token,
+            state_per_sequence: plan.state_bytes_per_sequence,
             state_reserve_tokens,
             buffers,
             expert_cache: 0,

@@ -8,7 +8,7 @@ use strata_kernels::Linear;
 
 use super::math::{dot, rms_norm, softmax};
 use super::rope::Rope;
-use crate::LayerCache;
+use crate::{LayerCache, LayerState};
 
 /// The rows of one sequence inside a step's (T, D) activations, and its cache for this layer.
 pub struct SeqView<'a> {
@@ -40,8 +40,11 @@ pub struct GqaAttention {
 }
 
 impl GqaAttention {
-    pub fn cache_dims(&self) -> (usize, usize) {
-        (self.n_kv_heads * self.head_dim, self.n_kv_heads * self.head_dim)
+    pub fn state(&self) -> LayerState {
+        LayerState::Kv {
+            k_dim: self.n_kv_heads * self.head_dim,
+            v_dim: self.n_kv_heads * self.head_dim,
+        }
     }
 
     /// x (T, D) normed -> (T, D)

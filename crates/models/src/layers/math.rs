@@ -42,10 +42,28 @@ pub fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }
 
-/// gate <- silu(gate) * up
-pub fn swiglu(gate: &mut [f32], up: &[f32]) {
-    for (g, u) in gate.iter_mut().zip(up) {
-        *g = silu(*g) * u;
+/// The gated activation of a GLU MLP: `act(gate, up)`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Activation {
+    /// SwiGLU: silu(g) * u.
+    Silu,
+    /// SiTU-GLU (Kimi K3): [beta tanh(g/beta) sigmoid(g)] * [linear_beta tanh(u/linear_beta)].
+    Situ { beta: f32, linear_beta: f32 },
+}
+
+/// gate <- act(gate, up)
+pub fn glu(gate: &mut [f32], up: &[f32], act: Activation) {
+    match act {
+        Activation::Silu => {
+            for (g, u) in gate.iter_mut().zip(up) {
+                *g = silu(*g) * u;
+            }
+        }
+        Activation::Situ { beta, linear_beta } => {
+            for (g, u) in gate.iter_mut().zip(up) {
+                *g = (beta * (*g / beta).tanh() * sigmoid(*g)) * (linear_beta * (u / linear_beta).tanh());
+            }
+        }
     }
 }
 

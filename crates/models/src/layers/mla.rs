@@ -7,12 +7,16 @@
 //! applied once after attention (v = W_uv (sum_p a_p c_p)): the same scores and outputs as the
 //! reference, while the cache holds only [c_kv | k_rope] per position. kv_b stays in its stored
 //! format; both products read row blocks of it.
+//!
+//! Kimi Linear / Kimi K3 use it without rotary embeddings (`rope: None`: the "rope" dims are a
+//! plain shared key part) and K3 adds an elementwise output gate `sigmoid(g(x))` before `o`.
 
 use strata_kernels::Linear;
 
 use super::attention::SeqView;
-use super::math::{dot, rms_norm, softmax};
+use super::math::{dot, rms_norm, sigmoid, softmax};
 use super::rope::Rope;
+use crate::LayerState;
 
 pub enum QueryProj {
     /// (H*(nope+rope), D)
@@ -31,19 +35,26 @@ pub struct MlaAttention {
     pub kv_b: Linear,
     /// (D, H*v)
     pub o: Linear,
+    /// (H*v, D) output gate: attention output *= sigmoid(g(x)) before `o` (Kimi K3).
+    pub gate: Option<Linear>,
     pub n_heads: usize,
     pub nope_dim: usize,
     pub rope_dim: usize,
     pub v_dim: usize,
     pub kv_lora: usize,
     pub softmax_scale: f32,
-    pub rope: Rope,
+    /// None: the rope dims are not rotated (NoPE).
+    pub rope: Option<Rope>,
+    /// Epsilon of the q_a and kv_a latent norms.
     pub eps: f32,
 }
 
 impl MlaAttention {
-    pub fn cache_dims(&self) -> (usize, usize) {
-        (self.kv_lora + self.rope_dim, 0)
+    pub fn state(&self) -> LayerState {
+        LayerState::Kv {
+            k_dim: self.kv_lora + self.rope_dim,
+            v_dim: 0,
+        }
     }
 
     /// x (T, D) normed -> (T, D)
@@ -76,16 +87,17 @@ impl MlaAttention {
         let mut out = vec![0f32; n_tokens * h * vd]; // (T, H*v)
         for seq in seqs.iter_mut() {
             for (i, t) in seq.rows.clone().enumerate() {
-                let (cos, sin) = self.rope.cos_sin(seq.start_pos + i);
-                self.rope
-                    .apply(&mut q[t * h * qk..(t + 1) * h * qk], qk, nope, &cos, &sin);
-                self.rope.apply(
-                    &mut kv[t * kv_width..(t + 1) * kv_width],
-                    kv_width,
-                    lora,
-                    &cos,
-                    &sin,
-                );
+                if let Some(rope) = &self.rope {
+                    let (cos, sin) = rope.cos_sin(seq.start_pos + i);
+                    rope.apply(&mut q[t * h * qk..(t + 1) * h * qk], qk, nope, &cos, &sin);
+                    rope.apply(
+                        &mut kv[t * kv_width..(t + 1) * kv_width],
+                        kv_width,
+                        lora,
+                        &cos,
+                        &sin,
+                    );
+                }
                 seq.cache
                     .k
                     .extend_from_slice(&kv[t * kv_width..(t + 1) * kv_width]);
@@ -117,6 +129,13 @@ impl MlaAttention {
                     let o_head = &mut out[t * h * vd + head * vd..t * h * vd + (head + 1) * vd];
                     self.kv_b.matvec_rows(v_rows, &o_lat, o_head); // (v,)
                 }
+            }
+        }
+        if let Some(g) = &self.gate {
+            let mut gates = vec![0f32; n_tokens * h * vd]; // (T, H*v)
+            g.matmul(x, n_tokens, &mut gates);
+            for (o, g) in out.iter_mut().zip(&gates) {
+                *o *= sigmoid(*g);
             }
         }
         let mut y = vec![0f32; n_tokens * self.o.out_dim];

@@ -1,8 +1,9 @@
-//! The SwiGLU MLP: down(silu(gate(x)) * up(x)). Dense layers, shared experts and routed experts.
+//! The gated MLP: down(act(gate(x), up(x))), act SwiGLU or SiTU-GLU. Dense layers, shared experts
+//! and routed experts.
 
 use strata_kernels::Linear;
 
-use super::math::swiglu;
+use super::math::{glu, Activation};
 use crate::Expert;
 
 pub struct Mlp {
@@ -12,16 +13,24 @@ pub struct Mlp {
     pub up: Linear,
     /// (D, F)
     pub down: Linear,
+    pub act: Activation,
 }
 
-/// X (T, D) -> (T, D) through one SwiGLU MLP.
-pub fn swiglu_mlp(gate: &Linear, up: &Linear, down: &Linear, x: &[f32], n_tokens: usize) -> Vec<f32> {
+/// X (T, D) -> (T, D) through one gated MLP.
+pub fn glu_mlp(
+    gate: &Linear,
+    up: &Linear,
+    down: &Linear,
+    act: Activation,
+    x: &[f32],
+    n_tokens: usize,
+) -> Vec<f32> {
     let f = gate.out_dim;
     let mut g = vec![0f32; n_tokens * f]; // (T, F)
     let mut u = vec![0f32; n_tokens * f]; // (T, F)
     gate.matmul(x, n_tokens, &mut g);
     up.matmul(x, n_tokens, &mut u);
-    swiglu(&mut g, &u);
+    glu(&mut g, &u, act);
     let mut y = vec![0f32; n_tokens * down.out_dim]; // (T, D)
     down.matmul(&g, n_tokens, &mut y);
     y
@@ -29,12 +38,13 @@ pub fn swiglu_mlp(gate: &Linear, up: &Linear, down: &Linear, x: &[f32], n_tokens
 
 impl Mlp {
     pub fn forward(&self, x: &[f32], n_tokens: usize) -> Vec<f32> {
-        swiglu_mlp(&self.gate, &self.up, &self.down, x, n_tokens)
+        glu_mlp(&self.gate, &self.up, &self.down, self.act, x, n_tokens)
     }
 }
 
 impl Expert {
-    pub fn forward(&self, x: &[f32], n_tokens: usize) -> Vec<f32> {
-        swiglu_mlp(&self.gate, &self.up, &self.down, x, n_tokens)
+    /// The activation is the model's (the store hands over weights only).
+    pub fn forward(&self, x: &[f32], n_tokens: usize, act: Activation) -> Vec<f32> {
+        glu_mlp(&self.gate, &self.up, &self.down, act, x, n_tokens)
     }
 }

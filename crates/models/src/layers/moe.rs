@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use strata_kernels::Linear;
 
-use super::math::{sigmoid, softmax};
+use super::math::{rms_norm, sigmoid, softmax, Activation};
 use super::mlp::Mlp;
 use crate::{ExpertStore, ModelError, Result, RoutingRecord};
 
@@ -119,12 +119,28 @@ pub struct NextMoe<'a> {
     pub eps: f32,
 }
 
+/// LatentMoE (Kimi K3): routed experts run in a narrower latent space. The token is projected
+/// down before the experts, their weighted sum is RMS-normed and projected back up. The router
+/// and the shared experts see the full-width input.
+pub struct LatentProj {
+    /// (L, D)
+    pub down: Linear,
+    /// (L,) RMSNorm of the experts' weighted sum, when the model has one.
+    pub norm: Option<Vec<f32>>,
+    /// (D, L)
+    pub up: Linear,
+    pub eps: f32,
+}
+
 pub struct MoeLayer {
     /// Decoder layer index (the store's key).
     pub layer: usize,
     pub router: Router,
     /// Shared experts, added unweighted (DeepSeek-V3: one MLP of n_shared x moe_inter).
     pub shared: Option<Mlp>,
+    pub latent: Option<LatentProj>,
+    /// The routed experts' activation.
+    pub act: Activation,
     pub store: Arc<dyn ExpertStore>,
 }
 
@@ -161,7 +177,6 @@ impl MoeLayer {
         next: Option<NextMoe<'_>>,
         record: Option<&mut RoutingRecord>,
     ) -> Result<Vec<f32>> {
-        let d = self.router.weight.in_dim;
         let n_experts = self.router.weight.out_dim;
         let mut logits = vec![0f32; n_tokens * n_experts]; // (T, E)
         self.router.weight.matmul(x, n_tokens, &mut logits);
@@ -185,6 +200,16 @@ impl MoeLayer {
         // The shared expert runs first: its weights are resident, and the routed experts' reads
         // are in flight meanwhile.
         let shared = self.shared.as_ref().map(|m| m.forward(x, n_tokens)); // (T, D)
+                                                                           // The experts' input: x itself, or its latent projection (T, L).
+        let latent_x = self.latent.as_ref().map(|lat| {
+            let mut z = vec![0f32; n_tokens * lat.down.out_dim];
+            lat.down.matmul(x, n_tokens, &mut z);
+            z
+        });
+        let (xr, d) = match (&latent_x, &self.latent) {
+            (Some(z), Some(lat)) => (z.as_slice(), lat.down.out_dim),
+            _ => (x, self.router.weight.in_dim),
+        };
 
         // Each routed expert is computed as soon as the store hands it over (cache hits first,
         // then reads in completion order), for every token routed to it.
@@ -196,9 +221,9 @@ impl MoeLayer {
                 let tokens = tokens_of[i];
                 let mut xe = Vec::with_capacity(tokens.len() * d); // (n_e, D)
                 for &(t, _) in tokens {
-                    xe.extend_from_slice(&x[t * d..(t + 1) * d]);
+                    xe.extend_from_slice(&xr[t * d..(t + 1) * d]);
                 }
-                let ye = expert.forward(&xe, tokens.len()); // (n_e, D)
+                let ye = expert.forward(&xe, tokens.len(), self.act); // (n_e, D)
                 for (j, &(t, w)) in tokens.iter().enumerate() {
                     let y: Vec<f32> = ye[j * d..(j + 1) * d].iter().map(|v| v * w).collect();
                     contributions[t].push((ids[i], y));
@@ -228,6 +253,14 @@ impl MoeLayer {
                     *o += v;
                 }
             }
+        }
+        if let Some(lat) = &self.latent {
+            if let Some(w) = &lat.norm {
+                rms_norm(&mut out, w, lat.eps);
+            }
+            let mut up = vec![0f32; n_tokens * lat.up.out_dim]; // (T, D)
+            lat.up.matmul(&out, n_tokens, &mut up);
+            out = up;
         }
         if let Some(ys) = shared {
             for (o, v) in out.iter_mut().zip(&ys) {
