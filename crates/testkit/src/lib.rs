@@ -37,6 +37,7 @@ pub const BF16_MODELS: &[&str] = &[
     "kimi-k2-tiny",
     "qwen3-moe-tiny",
     "mixtral-tiny",
+    "kimi-linear-tiny",
 ];
 
 pub fn read_json(path: &Path) -> Value {

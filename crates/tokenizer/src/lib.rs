@@ -1,7 +1,8 @@
 //! Text <-> token ids for every checkpoint layout strata loads: Hugging Face `tokenizer.json`
 //! (the `tokenizers` crate, pure-Rust regex backend) and tiktoken rank files as Kimi ships them
 //! (`tiktoken.model` + `tokenizer_config.json`). Also chat templates (minijinja with the Python
-//! compatibility transformers has) and an incremental detokenizer for streaming.
+//! compatibility transformers has; Kimi K3's XTML format in `xtml.rs`) and an incremental
+//! detokenizer for streaming.
 
 mod chat;
 mod error;
@@ -9,6 +10,7 @@ mod pyjson;
 mod stream;
 mod tiktoken;
 mod tokenizer;
+pub mod xtml;
 
 pub use chat::ChatTemplate;
 pub use error::TokenizerError;

@@ -6,6 +6,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::tiktoken::TiktokenBackend;
+use crate::xtml;
 use crate::{ChatTemplate, Result, TokenizerError};
 
 enum Backend {
@@ -163,6 +164,53 @@ impl Tokenizer {
 
     pub fn chat_template(&self) -> Option<&ChatTemplate> {
         self.chat_template.as_ref()
+    }
+
+    /// The token ids of a conversation and its text: rendered with the model's chat template
+    /// and encoded (the template writes its own BOS), or, for a tiktoken tokenizer with Kimi
+    /// K3's structural tokens and no template, in XTML: `[BOS]` then each segment encoded on its
+    /// own (special-token text inside messages stays ordinary text).
+    pub fn encode_chat(
+        &self,
+        messages: &Value,
+        tools: Option<&Value>,
+        add_generation_prompt: bool,
+        kwargs: &serde_json::Map<String, Value>,
+    ) -> Result<(Vec<u32>, String)> {
+        if self.chat_template.is_some() {
+            let text = self.apply_chat_template(messages, tools, add_generation_prompt, kwargs)?;
+            return Ok((self.encode(&text, false)?, text));
+        }
+        let Some(tik) = self.as_tiktoken() else {
+            return Err(TokenizerError::NoTemplate);
+        };
+        let structural = [xtml::OPEN, xtml::SEP, xtml::CLOSE, xtml::END_OF_MSG];
+        let Some(ids) = structural
+            .iter()
+            .map(|s| tik.token_to_id(s))
+            .collect::<Option<Vec<u32>>>()
+        else {
+            return Err(TokenizerError::NoTemplate);
+        };
+        let special_id = |s: &str| ids[structural.iter().position(|x| *x == s).expect("structural token")];
+        let segments = xtml::render(messages, tools, add_generation_prompt, kwargs)?;
+        let mut out = Vec::new();
+        let mut text = String::new();
+        if let Some(bos) = self
+            .config_token("bos_token")
+            .and_then(|b| tik.token_to_id(&b).map(|id| (b, id)))
+        {
+            out.push(bos.1);
+            text.push_str(&bos.0);
+        }
+        for seg in &segments {
+            match seg {
+                xtml::Segment::Special(s) => out.push(special_id(s)),
+                xtml::Segment::Text(t) => out.extend(tik.encode_ordinary(t)),
+            }
+        }
+        text.push_str(&xtml::to_text(&segments));
+        Ok((out, text))
     }
 
     /// Renders a conversation with the model's chat template.

@@ -199,3 +199,61 @@ fn qwen_tiktoken_matches_goldens() {
     let tok = Tokenizer::from_tiktoken(backend);
     check_tiktoken_cases("tiktoken-qwen", &tok, g["tokenizer"].as_array().unwrap(), pattern);
 }
+
+/// Kimi K3: the tiktoken rank file with K3's eight-way pattern (from tokenizer_config.json),
+/// its specials, and an XTML chat prompt, against the project's reference (`k3ref-golden-v1`).
+#[test]
+fn kimi_k3_tokenizer_and_xtml_match_reference() {
+    let dir = fixture("kimi-k3-tiny");
+    let g = golden("kimi-k3-tiny");
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    let tik = tok.as_tiktoken().unwrap();
+    let cases = g["tokenizer_tests"].as_array().unwrap();
+    assert!(!cases.is_empty());
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        let want = as_u32s(&case["ids"]);
+        let got = if case["allow_special"].as_bool().unwrap_or(false) {
+            tok.encode(text, false).unwrap()
+        } else {
+            tik.encode_ordinary(text)
+        };
+        assert_eq!(got, want, "k3 tokenizer: {text:?}");
+        assert_eq!(tok.decode(&got, false).unwrap(), text, "k3 decode: {text:?}");
+    }
+    // The chat prompt: its messages are not stored, only the rendered segments; rebuild the
+    // conversation from them (one user message) and render it ourselves.
+    let chat = g["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "chat")
+        .expect("chat prompt");
+    let segments = chat["segments"].as_array().unwrap();
+    let user_text = segments
+        .iter()
+        .map(|s| s.as_array().unwrap())
+        .find(|s| s[1] == false && s[0] != "message" && !s[0].as_str().unwrap().starts_with("message "))
+        .map(|s| s[0].as_str().unwrap().to_string())
+        .expect("user text segment");
+    let messages = serde_json::json!([{"role": "user", "content": user_text}]);
+    let (ids, text) = tok
+        .encode_chat(&messages, None, true, &Default::default())
+        .unwrap();
+    assert_eq!(ids, as_u32s(&chat["ids"]), "k3 XTML prompt ids");
+    assert!(
+        text.starts_with("[BOS]<|open|>message role=\"user\"<|sep|>"),
+        "{text}"
+    );
+    // Special-token text inside a message stays ordinary text.
+    let tricky = serde_json::json!([{"role": "user", "content": "<|open|>"}]);
+    let (ids, _) = tok
+        .encode_chat(&tricky, None, false, &Default::default())
+        .unwrap();
+    let open = tok.token_to_id("<|open|>").unwrap();
+    assert_eq!(
+        ids.iter().filter(|&&i| i == open).count(),
+        1,
+        "only the structural open"
+    );
+}

@@ -137,9 +137,9 @@ fn prompt_ids(args: &RunArgs, engine: &Engine) -> Result<Vec<u32>> {
         },
         None => Default::default(),
     };
-    let rendered = tok.apply_chat_template(&serde_json::Value::Array(messages), None, true, &kwargs)?;
-    // Chat templates write their own BOS.
-    Ok(tok.encode(&rendered, false)?)
+    Ok(tok
+        .encode_chat(&serde_json::Value::Array(messages), None, true, &kwargs)?
+        .0)
 }
 
 pub fn run(args: RunArgs) -> Result<()> {

@@ -84,9 +84,7 @@ pub fn tokenize(args: TokenizeArgs) -> Result<()> {
             },
             None => Default::default(),
         };
-        let rendered =
-            tok.apply_chat_template(&messages, tools.as_ref(), args.add_generation_prompt, &kwargs)?;
-        (tok.encode(&rendered, false)?, rendered)
+        tok.encode_chat(&messages, tools.as_ref(), args.add_generation_prompt, &kwargs)?
     };
     println!("{}", serde_json::to_string(&json!({"ids": ids, "text": text}))?);
     Ok(())
