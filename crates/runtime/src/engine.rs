@@ -223,6 +223,9 @@ pub struct ModelPlan {
     pub expert_bytes: u64,
     pub non_expert_params: u64,
     pub non_expert_bytes: u64,
+    /// Parameters of the input embedding when the head is a separate tensor (a row lookup per
+    /// token, not counted as active).
+    pub embedding_params: u64,
     /// (dtype, tensors, bytes)
     pub formats: Vec<(String, usize, u64)>,
 }
@@ -291,11 +294,17 @@ impl ModelPlan {
             expert_bytes: 0,
             non_expert_params: 0,
             non_expert_bytes: 0,
+            embedding_params: 0,
             formats: Vec::new(),
         };
         let mut formats: std::collections::BTreeMap<String, (usize, u64)> = Default::default();
+        let (mut embedding, mut separate_head) = (0, false);
         for (name, dtype, numel, len) in tensors {
             let params = logical_params(&name, dtype, numel);
+            if name.ends_with("embed_tokens.weight") {
+                embedding = params;
+            }
+            separate_head |= name.ends_with("lm_head.weight");
             let is_expert = name
                 .rsplit_once('.')
                 .is_some_and(|(base, _)| prefixes.contains(base));
@@ -311,6 +320,7 @@ impl ModelPlan {
             f.1 += len;
         }
         plan.total_params = plan.expert_params + plan.non_expert_params;
+        plan.embedding_params = if separate_head { embedding } else { 0 };
         plan.formats = formats.into_iter().map(|(k, (n, b))| (k, n, b)).collect();
         Ok(plan)
     }
@@ -323,9 +333,12 @@ impl ModelPlan {
         self.expert_bytes / self.n_expert_slots().max(1)
     }
 
+    /// Parameters one token computes with: the non-expert weights (less the input embedding,
+    /// a lookup) and `top_k` routed experts per MoE layer.
     pub fn active_params(&self) -> u64 {
         let per_expert = self.expert_params / self.n_expert_slots().max(1);
-        self.non_expert_params + per_expert * (self.layout.top_k * self.layout.moe_layers.len()) as u64
+        self.non_expert_params - self.embedding_params
+            + per_expert * (self.layout.top_k * self.layout.moe_layers.len()) as u64
     }
 
     /// Expert bytes one token reads when no expert is cached.

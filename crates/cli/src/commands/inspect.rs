@@ -1,5 +1,5 @@
 //! `strata inspect`: what a model is and what running it costs, from its headers and config
-//! (no weights are read).
+//! (no weights are read), or from a config.json alone (`--config-only`).
 
 use anyhow::Result;
 use strata_runtime::{MemoryPlan, ModelPlan};
@@ -19,6 +19,10 @@ pub struct InspectArgs {
     /// Print the figures as JSON instead of text.
     #[arg(long)]
     json: bool,
+    /// Plan from this config.json alone, without weights: the family lists the tensors a
+    /// checkpoint of that config holds, in the published storage formats (Kimi K3, Kimi Linear).
+    #[arg(long, value_name = "CONFIG.json", conflicts_with = "model")]
+    config_only: Option<std::path::PathBuf>,
 }
 
 fn human_bytes(b: u64) -> String {
@@ -52,8 +56,23 @@ fn human_count(n: u64) -> String {
 }
 
 pub fn inspect(args: InspectArgs) -> Result<()> {
-    let dir = args.model.resolve()?;
-    let plan = ModelPlan::from_dir(&dir)?;
+    let (plan, source) = match &args.config_only {
+        Some(path) => {
+            let file = if path.is_dir() {
+                path.join("config.json")
+            } else {
+                path.clone()
+            };
+            (
+                ModelPlan::from_config(&file)?,
+                format!("{} (config only)", file.display()),
+            )
+        }
+        None => (
+            ModelPlan::from_dir(&args.model.resolve()?)?,
+            args.model.describe(),
+        ),
+    };
     let l = &plan.layout;
     let memory = MemoryPlan::new(&plan, args.mem, args.expert_cache);
     if args.json {
@@ -77,6 +96,7 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
             "uncached_token_bytes": plan.uncached_token_bytes(),
             "memory": memory.as_ref().ok().map(|m| serde_json::json!({
                 "mem": m.mem, "resident": m.resident, "state_bytes_per_token": m.state_per_token,
+                "state_bytes_per_sequence": m.state_per_sequence,
                 "state_reserve_tokens": m.state_reserve_tokens, "state_reserve": m.state_reserve(),
                 "buffers": m.buffers, "expert_cache": m.expert_cache,
                 "cached_expert_share": m.expert_cache as f64 / plan.expert_bytes.max(1) as f64,
@@ -87,7 +107,7 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&body)?);
         return Ok(());
     }
-    println!("model            {}", args.model.describe());
+    println!("model            {source}");
     println!(
         "architecture     {} (model_type {}, family {})",
         plan.architecture, plan.model_type, plan.family
@@ -104,7 +124,7 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
         l.n_experts, l.top_k, l.inter_dim
     );
     println!(
-        "parameters       {} total, {} active per token",
+        "parameters       {} total, {} active per token (input embedding not counted)",
         human_count(plan.total_params),
         human_count(plan.active_params())
     );
@@ -120,8 +140,9 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
     );
     println!("bytes per expert {}", human_bytes(plan.bytes_per_expert()));
     println!(
-        "uncached token   {} of expert reads",
-        human_bytes(plan.uncached_token_bytes())
+        "uncached token   {} of expert reads ({:.1} GB at zero cache hits)",
+        human_bytes(plan.uncached_token_bytes()),
+        plan.uncached_token_bytes() as f64 / 1e9
     );
     match &memory {
         Ok(m) => {
@@ -131,8 +152,9 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
                 human_bytes(m.resident as u64)
             );
             println!(
-                "  state          {} per token; {} reserved for {} tokens",
+                "  state          {} per token + {} per sequence; {} reserved for {} tokens",
                 human_bytes(m.state_per_token as u64),
+                human_bytes(m.state_per_sequence as u64),
                 human_bytes(m.state_reserve() as u64),
                 m.state_reserve_tokens
             );
