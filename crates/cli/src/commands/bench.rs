@@ -27,6 +27,26 @@ pub struct BenchArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// Also project the token time to a model of this many layers (e.g. 93 for a Kimi K3
+    /// checkpoint written with fewer layers), scaling by MoE layers, and compare it with the
+    /// physical bound of reading that many layers' experts at --reference-gbs.
+    #[arg(long, value_name = "LAYERS")]
+    extrapolate_to: Option<usize>,
+    /// Disk bandwidth of the reference machine for --extrapolate-to, GB/s (a fast NVMe SSD).
+    #[arg(long, default_value_t = 6.85)]
+    reference_gbs: f64,
+}
+
+/// What the run measured, projected to a deeper model of the same shape.
+struct Projection {
+    layers: usize,
+    moe_layers: usize,
+    s_per_token: f64,
+    /// Expert bytes per token of the deeper model, at this run's hit rate.
+    bytes_per_token: f64,
+    bound_here_s: f64,
+    bound_reference_s: f64,
+    at_this_efficiency_s: f64,
 }
 
 pub fn bench(args: BenchArgs) -> Result<()> {
@@ -87,6 +107,28 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     let recall = if asked > 0.0 { right / asked } else { 0.0 };
     let total_read = (last.1[2] - before[2]) as f64;
 
+    let info = engine.model.info();
+    let moe_here = info.experts.as_ref().map_or(0, |l| l.moe_layers.len()).max(1);
+    let dense_here = info.n_layers - moe_here.min(info.n_layers);
+    let projection = args.extrapolate_to.map(|layers| {
+        let moe_layers = layers.saturating_sub(dense_here);
+        let scale = moe_layers as f64 / moe_here as f64;
+        let bytes = bytes_per_token * scale;
+        let bound_reference_s = bytes / (args.reference_gbs * 1e9);
+        Projection {
+            layers,
+            moe_layers,
+            s_per_token: per_token_s * scale,
+            bytes_per_token: bytes,
+            bound_here_s: bytes / raw_bw,
+            bound_reference_s,
+            at_this_efficiency_s: if effective_bw > 0.0 {
+                bound_reference_s * raw_bw / effective_bw
+            } else {
+                bound_reference_s
+            },
+        }
+    });
     let layers: Vec<serde_json::Value> = store
         .layer_stats()
         .iter()
@@ -113,6 +155,15 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             "compute_s_per_token": compute_s,
             "token_time_over_io_plus_compute": ratio,
             "per_layer": layers,
+            "layers": info.n_layers,
+            "moe_layers": moe_here,
+            "s_per_layer": per_token_s / info.n_layers as f64,
+            "projection": projection.as_ref().map(|p| serde_json::json!({
+                "layers": p.layers, "moe_layers": p.moe_layers, "s_per_token": p.s_per_token,
+                "expert_bytes_per_token": p.bytes_per_token, "io_bound_here_s": p.bound_here_s,
+                "reference_gbs": args.reference_gbs, "io_bound_reference_s": p.bound_reference_s,
+                "reference_at_this_run_efficiency_s": p.at_this_efficiency_s,
+            })),
             "prefetch_recall": recall,
             "prefetch_wasted_bytes": wasted,
             "prefetch_wasted_share_of_reads": if total_read > 0.0 { wasted / total_read } else { 0.0 },
@@ -159,6 +210,25 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         .map(|&(l, h, m)| format!("{l}: {:.0} %", 100.0 * h as f64 / (h + m).max(1) as f64))
         .collect();
     println!("hit rate per layer    {} (whole run)", per_layer.join(", "));
+    println!(
+        "per layer             {:.3} s/token on average over {} layers ({} MoE)",
+        per_token_s / info.n_layers as f64,
+        info.n_layers,
+        moe_here
+    );
+    if let Some(p) = &projection {
+        println!(
+            "at {} layers ({} MoE) {:.2} s/token here (scaled by MoE layers), {:.2} GB of expert reads per token",
+            p.layers,
+            p.moe_layers,
+            p.s_per_token,
+            p.bytes_per_token / 1e9
+        );
+        println!(
+            "  I/O bound          {:.2} s/token on this disk; {:.2} s/token on a {:.2} GB/s SSD ({:.2} s at this run's read efficiency)",
+            p.bound_here_s, p.bound_reference_s, args.reference_gbs, p.at_this_efficiency_s
+        );
+    }
     println!(
         "prefetch              recall {:.1} % of routed experts guessed a layer early; {:.1} MB wasted ({:.1} % of bytes read)",
         recall * 100.0,

@@ -1,7 +1,8 @@
 //! `strata synth` (hidden; a project tool): writes a large random checkpoint with a real model's
-//! shapes and formats (Kimi K2 or DeepSeek-V3 numbers, fewer layers, experts as INT4
-//! pack-quantized, FP8 block-scaled or BF16) straight to disk in bounded memory, for benchmarks
-//! and tests of the streaming path on models larger than RAM. The weights are noise.
+//! shapes and formats (Kimi K2 or DeepSeek-V3 numbers with experts as INT4 pack-quantized, FP8
+//! block-scaled or BF16; Kimi K3 numbers with MXFP4 experts, its tensor list taken from the
+//! family's own inventory), fewer layers, straight to disk in bounded memory, for benchmarks and
+//! tests of the streaming path on models larger than RAM. The weights are noise.
 
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -13,6 +14,8 @@ use serde_json::json;
 pub enum Preset {
     KimiK2,
     DeepseekV3,
+    /// Kimi K3 (MXFP4 experts; --expert-format is ignored).
+    KimiK3,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -69,6 +72,10 @@ enum Fill {
     F32(f32),
     /// I64 values.
     Shape(i64, i64),
+    /// F32 uniform in [-a, a].
+    F32Rand(f32),
+    /// One constant byte (MXFP4 E8M0 scales).
+    Byte(u8),
 }
 
 impl Tensor {
@@ -124,6 +131,13 @@ fn write_tensor(w: &mut impl Write, t: &Tensor, rng: &mut Rng) -> std::io::Resul
                 buf.resize(n, 0);
             }
             Fill::F32(v) => (0..n / 4).for_each(|_| buf.extend_from_slice(&v.to_le_bytes())),
+            Fill::F32Rand(a) => {
+                for _ in 0..n / 4 {
+                    let u = (rng.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+                    buf.extend_from_slice(&(u * a).to_le_bytes());
+                }
+            }
+            Fill::Byte(b) => buf.resize(n, b),
             Fill::Shape(a, b) => {
                 buf.extend_from_slice(&a.to_le_bytes());
                 buf.extend_from_slice(&b.to_le_bytes());
@@ -217,6 +231,9 @@ fn linear(out: &mut Vec<Tensor>, base: &str, rows: usize, cols: usize, format: E
 }
 
 pub fn synth(args: SynthArgs) -> Result<()> {
+    if args.preset == Preset::KimiK3 {
+        return synth_k3(&args);
+    }
     let (
         hidden,
         inter,
@@ -234,11 +251,13 @@ pub fn synth(args: SynthArgs) -> Result<()> {
     ) = match args.preset {
         Preset::KimiK2 => (7168, 18432, 2048, 64, 1536, 512, 128, 64, 128, 384, 8, 1, 1),
         Preset::DeepseekV3 => (7168, 18432, 2048, 128, 1536, 512, 128, 64, 128, 256, 8, 8, 4),
+        Preset::KimiK3 => unreachable!("handled by synth_k3"),
     };
     let experts = args.experts.unwrap_or(experts);
     let vocab = args.vocab.unwrap_or(match args.preset {
         Preset::KimiK2 => 163840,
         Preset::DeepseekV3 => 129280,
+        Preset::KimiK3 => unreachable!("handled by synth_k3"),
     });
     let first_dense = 1.min(args.layers);
     if experts < top_k || !experts.is_multiple_of(n_group) {
@@ -319,39 +338,12 @@ pub fn synth(args: SynthArgs) -> Result<()> {
         shards.push(t);
     }
 
-    let n = shards.len();
-    let total: u64 = shards.iter().flatten().map(|t| t.bytes()).sum();
-    eprintln!(
-        "[strata synth] writing {n} shards, {:.2} GiB, to {}",
-        total as f64 / (1u64 << 30) as f64,
-        args.out.display()
-    );
-    let mut weight_map = serde_json::Map::new();
-    let mut written = 0u64;
-    let t0 = std::time::Instant::now();
-    for (i, tensors) in shards.iter().enumerate() {
-        let file = format!("model-{:05}-of-{:05}.safetensors", i + 1, n);
-        for t in tensors {
-            weight_map.insert(t.name.clone(), json!(file));
-        }
-        write_shard(&args.out.join(&file), tensors, args.seed.wrapping_add(i as u64))?;
-        written += tensors.iter().map(|t| t.bytes()).sum::<u64>();
-        eprintln!(
-            "[strata synth] {file}: {:.2}/{:.2} GiB, {:.0} MB/s",
-            written as f64 / (1u64 << 30) as f64,
-            total as f64 / (1u64 << 30) as f64,
-            written as f64 / t0.elapsed().as_secs_f64() / 1e6
-        );
-    }
-    let index = json!({"metadata": {"total_size": total}, "weight_map": weight_map});
-    std::fs::write(
-        args.out.join("model.safetensors.index.json"),
-        serde_json::to_string_pretty(&index)?,
-    )?;
+    write_shards(&args.out, &shards, args.seed)?;
 
     let model_type = match args.preset {
         Preset::KimiK2 => "kimi_k2",
         Preset::DeepseekV3 => "deepseek_v3",
+        Preset::KimiK3 => unreachable!("handled by synth_k3"),
     };
     let mut config = json!({
         "architectures": ["DeepseekV3ForCausalLM"],
@@ -412,6 +404,139 @@ pub fn synth(args: SynthArgs) -> Result<()> {
         args.out.join("generation_config.json"),
         r#"{"bos_token_id": 0, "eos_token_id": 1}"#,
     )?;
+    Ok(())
+}
+
+/// Writes `shards` as `model-NNNNN-of-NNNNN.safetensors` plus the index, with progress.
+fn write_shards(out: &Path, shards: &[Vec<Tensor>], seed: u64) -> Result<()> {
+    let n = shards.len();
+    let total: u64 = shards.iter().flatten().map(|t| t.bytes()).sum();
+    eprintln!(
+        "[strata synth] writing {n} shards, {:.2} GiB, to {}",
+        total as f64 / (1u64 << 30) as f64,
+        out.display()
+    );
+    let mut weight_map = serde_json::Map::new();
+    let mut written = 0u64;
+    let t0 = std::time::Instant::now();
+    for (i, tensors) in shards.iter().enumerate() {
+        let file = format!("model-{:05}-of-{:05}.safetensors", i + 1, n);
+        for t in tensors {
+            weight_map.insert(t.name.clone(), json!(file));
+        }
+        write_shard(&out.join(&file), tensors, seed.wrapping_add(i as u64))?;
+        written += tensors.iter().map(|t| t.bytes()).sum::<u64>();
+        eprintln!(
+            "[strata synth] {file}: {:.2}/{:.2} GiB, {:.0} MB/s",
+            written as f64 / (1u64 << 30) as f64,
+            total as f64 / (1u64 << 30) as f64,
+            written as f64 / t0.elapsed().as_secs_f64() / 1e6
+        );
+    }
+    let index = json!({"metadata": {"total_size": total}, "weight_map": weight_map});
+    std::fs::write(
+        out.join("model.safetensors.index.json"),
+        serde_json::to_string_pretty(&index)?,
+    )?;
+
     eprintln!("[strata synth] done in {:.1} s", t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Kimi K3's config (spec section 2) with `layers` layers (the real schedule rule: MLA at every
+/// fourth one-based layer and the last), `experts` routed experts and `vocab` tokens.
+fn k3_config(layers: usize, experts: usize, vocab: usize) -> serde_json::Value {
+    let mla: Vec<usize> = (1..=layers)
+        .filter(|i| i % 4 == 0 || *i == layers && layers > 1)
+        .collect();
+    let kda: Vec<usize> = (1..=layers).filter(|i| !mla.contains(i)).collect();
+    let linear_attn = json!({"num_heads": 96, "head_dim": 128, "short_conv_kernel_size": 4,
+        "use_full_rank_gate": true, "gate_lower_bound": -5.0,
+        "kda_layers": kda, "full_attn_layers": mla});
+    let weights = json!({"num_bits": 4, "type": "float", "strategy": "group", "group_size": 32,
+        "symmetric": true, "dynamic": false, "scale_dtype": "torch.uint8"});
+    let quant = json!({"quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized",
+        "config_groups": {"group_0": {"format": "mxfp4-pack-quantized",
+            "targets": ["re:.*block_sparse_moe\\.experts\\.\\d+\\.w[123]$"], "weights": weights}}});
+    let mut text = json!({
+            "vocab_size": vocab, "max_position_embeddings": 1048576, "rms_norm_eps": 1e-5,
+            "tie_word_embeddings": false, "num_nextn_predict_layers": 0,
+            "linear_attn_config": linear_attn, "quantization_config": quant,
+    });
+    let rest = json!({
+            "model_type": "kimi_linear", "hidden_act": "situ",
+            "activation_situ_beta": 4.0, "activation_situ_linear_beta": 25.0,
+            "hidden_size": 7168, "intermediate_size": 33792, "moe_intermediate_size": 3072,
+            "routed_expert_hidden_size": 3584, "latent_moe_use_norm": true,
+            "num_hidden_layers": layers, "num_experts": experts, "num_experts_per_token": 16,
+            "num_shared_experts": 2, "moe_router_activation_func": "sigmoid", "topk_method": "noaux_tc",
+            "use_grouped_topk": true, "num_expert_group": 1, "topk_group": 1, "moe_renormalize": true,
+            "routed_scaling_factor": 1.0, "first_k_dense_replace": 1, "moe_layer_freq": 1,
+            "num_attention_heads": 96, "num_key_value_heads": 96, "q_lora_rank": 1536,
+            "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+            "mla_use_nope": true, "mla_use_output_gate": true, "attn_res_block_size": 12,
+    });
+    for (key, value) in rest.as_object().expect("object") {
+        text[key] = value.clone();
+    }
+    json!({
+        "architectures": ["KimiK3ForConditionalGeneration"],
+        "model_type": "kimi_k3",
+        "tie_word_embeddings": false,
+        "bos_token_id": 0, "eos_token_id": 1,
+        "strata_synthetic": "random weights written by `strata synth`",
+        "text_config": text,
+    })
+}
+
+/// A K3-shaped checkpoint: the tensor list is the `kimi_k3` family's own inventory of the config,
+/// one shard per layer (plus one for the embeddings, head and output mixing).
+fn synth_k3(args: &SynthArgs) -> Result<()> {
+    let experts = args.experts.unwrap_or(896);
+    let vocab = args.vocab.unwrap_or(163840);
+    if experts < 16 {
+        bail!("--experts must be at least 16 (K3 routes 16 per token)");
+    }
+    if args.out.join("config.json").exists() {
+        bail!("{} already holds a model", args.out.display());
+    }
+    std::fs::create_dir_all(&args.out)?;
+    let config = k3_config(args.layers.max(1), experts, vocab);
+    let cfg_path = args.out.join("config.json");
+    std::fs::write(&cfg_path, serde_json::to_string_pretty(&config)?)?;
+    let cfg = strata_formats::JsonConfig::read(&cfg_path)?;
+    let inventory = strata_models::family_for(&cfg)?
+        .inventory
+        .expect("kimi_k3 lists its tensors")(&cfg)?;
+    let a = 0.02 * 3f32.sqrt();
+    let mut shards: Vec<Vec<Tensor>> = (0..=args.layers.max(1)).map(|_| Vec::new()).collect();
+    for t in inventory {
+        let name = t.name;
+        let fill = match (t.dtype, name.as_str()) {
+            (strata_formats::DType::U8, n) if n.ends_with("weight_scale") => Fill::Byte(120), // 2^-7
+            (strata_formats::DType::U8, _) => Fill::Bytes,
+            (strata_formats::DType::F32, n) if n.ends_with("norm.weight") => Fill::F32(1.0),
+            (strata_formats::DType::F32, n) if n.contains("conv1d") => Fill::F32Rand(0.5),
+            (strata_formats::DType::F32, _) => Fill::Zeros,
+            (_, n) if n.ends_with("norm.weight") => Fill::Ones,
+            _ => Fill::Bf16(a),
+        };
+        let shard = name
+            .split_once("layers.")
+            .and_then(|(_, rest)| rest.split('.').next())
+            .and_then(|l| l.parse::<usize>().ok())
+            .map_or(0, |l| l + 1);
+        shards[shard].push(Tensor {
+            name,
+            dtype: t.dtype.name(),
+            shape: t.shape,
+            fill,
+        });
+    }
+    write_shards(&args.out, &shards, args.seed)?;
+    std::fs::write(
+        args.out.join("generation_config.json"),
+        r#"{"bos_token_id": 0, "eos_token_id": 1}"#,
+    )?;
     Ok(())
 }
