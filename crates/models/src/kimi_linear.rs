@@ -86,6 +86,10 @@ pub(crate) struct Config {
     latent_norm: bool,
     act: Activation,
     attn_res_block: Option<usize>,
+    /// K3 naming and storage (F32 conv taps and o_norm, `[head_dim]` A_log).
+    k3: bool,
+    /// q/k normalised as x / max(|x|, 1e-12) instead of x / sqrt(sum x^2 + 1e-6).
+    l2_clamp: bool,
     eps: f32,
     max_pos: usize,
 }
@@ -143,20 +147,21 @@ impl Config {
             Some("per_channel") => ALogLayout::PerChannel,
             Some(other) => return Err(bad_config(text, format!("a_log_layout `{other}` is not known"))),
         };
-        for (key, supported) in [
-            ("qk_l2norm", "fla"),
-            ("mxfp4_nibble_order", "low_first"),
-            ("residual_mode", if k3 { "attn_res" } else { "standard" }),
-        ] {
-            if let Some(v) = switch(key)? {
-                if v != supported {
-                    return Err(bad_config(
-                        text,
-                        format!("{key} `{v}` is not supported ({supported})"),
-                    ));
-                }
+        let one_of = |key: &str, allowed: &[&str], default: &str| -> Result<String> {
+            let v = switch(key)?.unwrap_or_else(|| default.to_string());
+            if allowed.contains(&v.as_str()) {
+                Ok(v)
+            } else {
+                Err(bad_config(
+                    text,
+                    format!("{key} `{v}` is not supported ({})", allowed.join(", ")),
+                ))
             }
-        }
+        };
+        let l2_clamp = one_of("qk_l2norm", &["fla", "clamp"], "fla")? == "clamp";
+        one_of("mxfp4_nibble_order", &["low_first"], "low_first")?;
+        let residual_default = if k3 { "attn_res" } else { "standard" };
+        let attn_res = one_of("residual_mode", &["attn_res", "standard"], residual_default)? == "attn_res";
         // transformers' Kimi Linear hard-codes 1e-6 for the MLA latent norms; K3 uses rms_norm_eps.
         let latent_eps = match switches.map(|s| s.opt_f64("mla_latent_norm_eps")).transpose()? {
             Some(Some(e)) => e as f32,
@@ -215,11 +220,13 @@ impl Config {
             latent: text.opt_usize("routed_expert_hidden_size")?,
             latent_norm: text.opt_bool("latent_moe_use_norm")?.unwrap_or(false),
             act,
-            attn_res_block: if k3 {
+            attn_res_block: if attn_res {
                 Some(text.usize("attn_res_block_size")?)
             } else {
                 None
             },
+            k3,
+            l2_clamp,
             eps,
             max_pos: match text.opt_usize("max_position_embeddings")? {
                 Some(n) => n,
@@ -306,12 +313,13 @@ impl Config {
         let mut push =
             |name: String, shape: Vec<usize>, dtype: DType| out.push(TensorDesc { name, shape, dtype });
         let (d, m, bf, f32_) = (self.hidden, names.model, DType::BF16, DType::F32);
-        let k3 = self.attn_res_block.is_some();
+        let k3 = self.k3;
         let small = if k3 { f32_ } else { bf }; // conv taps and o_norm
         push(format!("{m}embed_tokens.weight"), vec![self.vocab, d], bf);
         push(format!("{m}norm.weight"), vec![d], bf);
         push(format!("{}.weight", names.head), vec![self.vocab, d], bf);
-        if k3 {
+        let attn_res = self.attn_res_block.is_some();
+        if attn_res {
             push(format!("{m}output_attn_res_norm.weight"), vec![d], bf);
             push(format!("{m}output_attn_res_proj.weight"), vec![1, d], bf);
         }
@@ -321,7 +329,7 @@ impl Config {
             let p = format!("{m}layers.{l}.");
             push(format!("{p}input_layernorm.weight"), vec![d], bf);
             push(format!("{p}post_attention_layernorm.weight"), vec![d], bf);
-            if k3 {
+            if attn_res {
                 for n in ["self_attention_res", "mlp_res"] {
                     push(format!("{p}{n}_norm.weight"), vec![d], bf);
                     push(format!("{p}{n}_proj.weight"), vec![1, d], bf);
@@ -507,6 +515,7 @@ fn load_kda(ckpt: &Checkpoint, a: &str, c: &Config) -> Result<KdaAttention> {
         head_dim: dk,
         kernel: k,
         eps: c.eps,
+        l2_clamp: c.l2_clamp,
         chunk: 64,
     })
 }

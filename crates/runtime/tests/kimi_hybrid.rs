@@ -7,7 +7,7 @@
 use serde_json::Value;
 use strata_models::{KvCache, SeqInput, Trace};
 use strata_runtime::{Engine, GenEvent, LoadOptions, ModelPlan, Request, SamplingParams};
-use strata_testkit::{as_f32s, as_u32s, as_usizes, fixture, golden, golden_tensor, read_json};
+use strata_testkit::{as_f32s, as_u32s, as_usizes, fixture, golden, golden_tensor, read_json, ScratchCopy};
 
 const KIMI_LINEAR: &str = "kimi-linear-tiny";
 const KIMI_K3: &str = "kimi-k3-tiny";
@@ -251,4 +251,35 @@ fn kimi_k3_prompt_in_pieces_matches_one_prefill() {
             prompt["name"]
         );
     }
+}
+
+/// The spec's recorded switches are read from `k3ref`: the other A_log reading changes every
+/// KDA layer (the golden separates the two readings by several logits), an unknown value is a
+/// config error naming the key, and the clamp L2 form stays within the golden's tolerance.
+#[test]
+fn kimi_k3_switches_are_read_from_config() {
+    let g = golden(KIMI_K3);
+    let ids = as_u32s(&g["prompts"][0]["ids"]);
+    let want = as_f32s(&g["prompts"][0]["last_logits"]);
+    let with_switch = |key: &str, value: &str| {
+        let copy = ScratchCopy::new(KIMI_K3, &format!("switch-{key}"));
+        let path = copy.path("config.json");
+        let mut cfg = read_json(&path);
+        cfg["k3ref"][key] = Value::String(value.into());
+        std::fs::write(&path, cfg.to_string()).unwrap();
+        let out = Engine::load(&copy.0, &LoadOptions::default()).and_then(|e| e.logits(&ids));
+        out.map(|o| max_abs_diff(&o.last_logits, &want))
+    };
+    let per_channel = with_switch("a_log_layout", "per_channel").unwrap();
+    assert!(
+        per_channel > 0.5,
+        "per_channel A_log should change the logits, moved {per_channel}"
+    );
+    let clamp = with_switch("qk_l2norm", "clamp").unwrap();
+    assert!(
+        clamp <= K3_REL * absmax(&want),
+        "clamp l2 norm moved the logits by {clamp}"
+    );
+    let err = with_switch("a_log_layout", "sideways").unwrap_err().to_string();
+    assert!(err.contains("a_log_layout") && err.contains("sideways"), "{err}");
 }

@@ -58,6 +58,9 @@ pub struct KdaAttention {
     pub head_dim: usize,
     pub kernel: usize,
     pub eps: f32,
+    /// Normalise q and k as x / max(|x|, 1e-12) (a reference switch) instead of
+    /// x / sqrt(sum x^2 + 1e-6).
+    pub l2_clamp: bool,
     /// Tokens per chunk of the parallel prompt form.
     pub chunk: usize,
 }
@@ -71,9 +74,14 @@ fn softplus(x: f32) -> f32 {
     }
 }
 
-/// x / sqrt(sum x^2 + 1e-6), in place.
-fn l2_normalize(x: &mut [f32]) {
-    let inv = 1.0 / (x.iter().map(|v| v * v).sum::<f32>() + 1e-6).sqrt();
+/// x / sqrt(sum x^2 + 1e-6) (or x / max(|x|, 1e-12) with `clamp`), in place.
+fn l2_normalize(x: &mut [f32], clamp: bool) {
+    let sq = x.iter().map(|v| v * v).sum::<f32>();
+    let inv = if clamp {
+        1.0 / sq.sqrt().max(1e-12)
+    } else {
+        1.0 / (sq + 1e-6).sqrt()
+    };
     x.iter_mut().for_each(|v| *v *= inv);
 }
 
@@ -152,9 +160,9 @@ impl KdaAttention {
                     hq[dst..dst + dk].copy_from_slice(&qkv[src..src + dk]);
                     hk[dst..dst + dk].copy_from_slice(&qkv[src + c..src + c + dk]);
                     hv[dst..dst + dv].copy_from_slice(&qkv[src + 2 * c..src + 2 * c + dv]);
-                    l2_normalize(&mut hq[dst..dst + dk]);
+                    l2_normalize(&mut hq[dst..dst + dk], self.l2_clamp);
                     hq[dst..dst + dk].iter_mut().for_each(|v| *v *= scale);
-                    l2_normalize(&mut hk[dst..dst + dk]);
+                    l2_normalize(&mut hk[dst..dst + dk], self.l2_clamp);
                     let gsrc = (rows.start + t) * c + h * dk;
                     hg[dst..dst + dk].copy_from_slice(&g[gsrc..gsrc + dk]);
                     hb[h * n + t] = beta[(rows.start + t) * nh + h];
@@ -382,8 +390,8 @@ mod tests {
         let mut q = pseudo_random(n * dk, 1, 1.0);
         let mut k = pseudo_random(n * dk, 2, 1.0);
         for t in 0..n {
-            l2_normalize(&mut q[t * dk..(t + 1) * dk]);
-            l2_normalize(&mut k[t * dk..(t + 1) * dk]);
+            l2_normalize(&mut q[t * dk..(t + 1) * dk], false);
+            l2_normalize(&mut k[t * dk..(t + 1) * dk], false);
         }
         let v = pseudo_random(n * dv, 3, 1.0);
         let g: Vec<f32> = pseudo_random(n * dk, 4, 1.0)
