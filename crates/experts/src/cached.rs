@@ -16,7 +16,13 @@ use std::sync::{Arc, Condvar, Mutex};
 use strata_formats::Checkpoint;
 use strata_models::{Expert, ExpertLayout, ExpertStore};
 
-use crate::direct::{DirectFile, IoMode};
+use crate::direct::{AlignedBuf, DirectFile, IoMode};
+
+thread_local! {
+    /// Each reader thread's read buffers, one per run of an expert, reused from read to read (a
+    /// fresh buffer per read would have the kernel zero new pages every time).
+    static READ_BUFFERS: std::cell::RefCell<Vec<AlignedBuf>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 use crate::plan::ExpertPlan;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -274,11 +280,12 @@ impl CachedStore {
                 .map(|_| {
                     scope.spawn(|| -> std::io::Result<u64> {
                         let mut n = 0;
+                        let mut buf = AlignedBuf::new(0);
                         loop {
                             let i = next.fetch_add(1, Ordering::Relaxed);
                             let Some(key) = pick.get(i) else { return Ok(n) };
                             for run in &s.plans[key].runs {
-                                s.files[run.shard].read_range(run.offset, run.len as usize)?;
+                                s.files[run.shard].read_range_into(run.offset, run.len as usize, &mut buf)?;
                                 n += run.len;
                             }
                         }
@@ -337,27 +344,40 @@ impl Shared {
     /// from the read buffers.
     fn read(&self, layer: usize, expert: usize) -> Result<Expert, BoxError> {
         let plan = &self.plans[&(layer, expert)];
-        let mut buffers = Vec::with_capacity(plan.runs.len());
-        for run in &plan.runs {
-            let file = &self.files[run.shard];
-            let read = file.read_range(run.offset, run.len as usize).map_err(|e| {
-                format!(
-                    "{}: reading expert {expert} of layer {layer} ({} bytes at {}): {e}",
-                    file.path().display(),
-                    run.len,
-                    run.offset
-                )
-            })?;
-            self.stats.bytes_read.fetch_add(run.len, Ordering::Relaxed);
-            buffers.push(read);
-        }
-        let mut pieces: Vec<&[u8]> = vec![&[]; plan.tensors.len()];
-        for (run, (buf, skip)) in plan.runs.iter().zip(&buffers) {
-            let data = &buf.as_slice()[*skip..];
-            for &(i, off, len) in &run.pieces {
-                pieces[i] = &data[off as usize..(off + len) as usize];
+        READ_BUFFERS.with(|cell| -> Result<Expert, BoxError> {
+            let mut buffers = cell.borrow_mut();
+            while buffers.len() < plan.runs.len() {
+                buffers.push(AlignedBuf::new(0));
             }
-        }
+            let mut skips = Vec::with_capacity(plan.runs.len());
+            for (run, buf) in plan.runs.iter().zip(buffers.iter_mut()) {
+                let file = &self.files[run.shard];
+                let skip = file
+                    .read_range_into(run.offset, run.len as usize, buf)
+                    .map_err(|e| {
+                        format!(
+                            "{}: reading expert {expert} of layer {layer} ({} bytes at {}): {e}",
+                            file.path().display(),
+                            run.len,
+                            run.offset
+                        )
+                    })?;
+                self.stats.bytes_read.fetch_add(run.len, Ordering::Relaxed);
+                skips.push(skip);
+            }
+            let mut pieces: Vec<&[u8]> = vec![&[]; plan.tensors.len()];
+            for ((run, buf), skip) in plan.runs.iter().zip(buffers.iter()).zip(&skips) {
+                let data = &buf.as_slice()[*skip..];
+                for &(i, off, len) in &run.pieces {
+                    pieces[i] = &data[off as usize..(off + len) as usize];
+                }
+            }
+            Self::build(plan, &pieces)
+        })
+    }
+
+    /// Decodes an expert from its tensors' bytes (in plan order).
+    fn build(plan: &ExpertPlan, pieces: &[&[u8]]) -> Result<Expert, BoxError> {
         let mut next = 0;
         let mut build = |spec: &strata_models::LinearSpec| -> Result<strata_kernels::Linear, BoxError> {
             let refs = &pieces[next..next + spec.tensors.len()];

@@ -42,6 +42,11 @@ impl AlignedBuf {
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 
+    /// Bytes the buffer can hold.
+    pub fn capacity(&self) -> usize {
+        self.layout.size()
+    }
+
     fn as_mut_full(&mut self) -> &mut [u8] {
         // SAFETY: ptr is valid for layout.size() bytes and uniquely borrowed.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.layout.size()) }
@@ -197,6 +202,15 @@ impl DirectFile {
     /// Reads `len` bytes at `offset`. Returns the aligned buffer and where the range starts in it.
     /// A file that ends before the range is an error (it was truncated or replaced).
     pub fn read_range(&self, offset: u64, len: usize) -> std::io::Result<(AlignedBuf, usize)> {
+        let mut buf = AlignedBuf::new(0);
+        let skip = self.read_range_into(offset, len, &mut buf)?;
+        Ok((buf, skip))
+    }
+
+    /// Like [`DirectFile::read_range`], into `buf`, which is reused (grown when too small): a
+    /// reader that keeps its buffer pays for fresh pages once, not at every read. Returns where
+    /// the range starts in `buf`.
+    pub fn read_range_into(&self, offset: u64, len: usize, buf: &mut AlignedBuf) -> std::io::Result<usize> {
         if let Some(map) = &self.map {
             let end = offset as usize + len;
             if end > map.len
@@ -209,7 +223,10 @@ impl DirectFile {
                     format!("the {len}-byte range at offset {offset} is past the end of the file (truncated or replaced?)"),
                 ));
             }
-            let mut buf = AlignedBuf::new(len);
+            if buf.capacity() < len {
+                *buf = AlignedBuf::new(len);
+            }
+            buf.len = len;
             // SAFETY: [offset, end) lies inside the mapping (checked above); the copy faults the
             // pages in, which is what this mode exists to measure.
             unsafe {
@@ -219,12 +236,14 @@ impl DirectFile {
                     len,
                 )
             };
-            return Ok((buf, 0));
+            return Ok(0);
         }
         let start = offset / ALIGN as u64 * ALIGN as u64;
         let skip = (offset - start) as usize;
         let want = (skip + len).div_ceil(ALIGN) * ALIGN;
-        let mut buf = AlignedBuf::new(want);
+        if buf.capacity() < want {
+            *buf = AlignedBuf::new(want);
+        }
         let mut done = 0;
         while done < skip + len {
             let dst = &mut buf.as_mut_full()[done..want];
@@ -247,6 +266,6 @@ impl DirectFile {
             // it if the range is not covered.
         }
         buf.len = skip + len;
-        Ok((buf, skip))
+        Ok(skip)
     }
 }
