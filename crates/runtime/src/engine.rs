@@ -10,6 +10,7 @@ use strata_models::{family_for, load_model, ExpertLayout, ExpertStore, KvCache, 
 use strata_tokenizer::Tokenizer;
 
 use crate::MemoryPlan;
+use crate::SamplingParams;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -159,6 +160,33 @@ impl Engine {
         self.tokenizer
             .as_ref()
             .ok_or_else(|| EngineError::NoTokenizer(self.dir.clone()))
+    }
+
+    /// Sampling as `generation_config.json` asks for it (greedy unless `do_sample`), with a seed
+    /// from the clock; callers override what their user sets.
+    pub fn sampling_defaults(&self) -> SamplingParams {
+        let g = &self.generation;
+        let sample = g.do_sample.unwrap_or(false);
+        SamplingParams {
+            temperature: if sample {
+                g.temperature.unwrap_or(1.0) as f32
+            } else {
+                0.0
+            },
+            top_k: if sample { g.top_k.unwrap_or(0) } else { 0 },
+            top_p: if sample {
+                g.top_p.unwrap_or(1.0) as f32
+            } else {
+                1.0
+            },
+            min_p: g.min_p.unwrap_or(0.0) as f32,
+            repetition_penalty: g.repetition_penalty.unwrap_or(1.0) as f32,
+            seed: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0),
+            ..SamplingParams::default()
+        }
     }
 
     pub fn new_cache(&self) -> KvCache {

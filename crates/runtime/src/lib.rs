@@ -10,7 +10,7 @@ mod sampler;
 mod stop;
 
 pub use engine::{available_memory, parse_size, Engine, EngineError, LoadOptions, LogitsOutput, ModelPlan};
-pub use generate::{FinishReason, GenEvent, Request};
+pub use generate::{Batch, FinishReason, GenEvent, Request, RequestExtras, TokenLogprobs};
 pub use memory::{MemoryPlan, STATE_RESERVE_TOKENS};
 pub use rng::Rng;
 pub use sampler::{Sampler, SamplingParams};

@@ -1,5 +1,6 @@
-//! Next-token choice: repetition penalty, then temperature, top-k, top-p and min-p filtering, then
-//! a seeded draw. Temperature 0 is greedy (argmax, lowest id on ties).
+//! Next-token choice: logit bias, repetition / presence / frequency penalties, then temperature,
+//! top-k, top-p and min-p filtering, then a seeded draw. Temperature 0 is greedy (argmax, lowest
+//! id on ties).
 
 use crate::Rng;
 
@@ -15,6 +16,12 @@ pub struct SamplingParams {
     pub min_p: f32,
     /// 1 = off. Divides positive logits and multiplies negative ones of tokens already seen.
     pub repetition_penalty: f32,
+    /// OpenAI's: subtracted once from the logit of every token generated so far (0 = off).
+    pub presence_penalty: f32,
+    /// OpenAI's: subtracted per occurrence in the generated tokens (0 = off).
+    pub frequency_penalty: f32,
+    /// Added to the logits of these tokens before anything else.
+    pub logit_bias: Vec<(u32, f32)>,
     pub seed: u64,
 }
 
@@ -26,6 +33,9 @@ impl Default for SamplingParams {
             top_p: 1.0,
             min_p: 0.0,
             repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            logit_bias: Vec::new(),
             seed: 0,
         }
     }
@@ -52,10 +62,27 @@ impl Sampler {
         Sampler { params, rng }
     }
 
-    /// Picks the next token from `logits` (V,), given the ids seen so far (prompt + generated).
-    pub fn sample(&mut self, logits: &[f32], seen: &[u32]) -> u32 {
+    /// Picks the next token from `logits` (V,), given the ids seen so far (prompt + generated)
+    /// and, of those, the generated ones.
+    pub fn sample(&mut self, logits: &[f32], seen: &[u32], generated: &[u32]) -> u32 {
         let p = &self.params;
         let mut logits = logits.to_vec();
+        for &(id, bias) in &p.logit_bias {
+            if let Some(l) = logits.get_mut(id as usize) {
+                *l += bias;
+            }
+        }
+        if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
+            let mut counts = std::collections::HashMap::new();
+            for &id in generated {
+                *counts.entry(id).or_insert(0u32) += 1;
+            }
+            for (id, n) in counts {
+                if let Some(l) = logits.get_mut(id as usize) {
+                    *l -= p.presence_penalty + p.frequency_penalty * n as f32;
+                }
+            }
+        }
         if p.repetition_penalty != 1.0 {
             let mut done = vec![false; logits.len()];
             for &id in seen {
@@ -126,12 +153,24 @@ mod tests {
     #[test]
     fn greedy_picks_argmax_and_penalty_applies() {
         let mut s = Sampler::new(SamplingParams::default());
-        assert_eq!(s.sample(&[0.1, 2.0, 1.0], &[]), 1);
+        assert_eq!(s.sample(&[0.1, 2.0, 1.0], &[], &[]), 1);
         let mut s = Sampler::new(SamplingParams {
             repetition_penalty: 4.0,
             ..Default::default()
         });
-        assert_eq!(s.sample(&[0.1, 2.0, 1.0], &[1]), 2);
+        assert_eq!(s.sample(&[0.1, 2.0, 1.0], &[1], &[]), 2);
+        let mut s = Sampler::new(SamplingParams {
+            logit_bias: vec![(0, 10.0)],
+            ..Default::default()
+        });
+        assert_eq!(s.sample(&[0.1, 2.0, 1.0], &[], &[]), 0);
+        let mut s = Sampler::new(SamplingParams {
+            frequency_penalty: 0.6,
+            presence_penalty: 0.1,
+            ..Default::default()
+        });
+        // 2.0 - 0.1 - 2 x 0.6 = 0.7 < 1.0
+        assert_eq!(s.sample(&[0.1, 2.0, 1.0], &[1, 1], &[1, 1]), 2);
     }
 
     #[test]
@@ -145,7 +184,7 @@ mod tests {
         };
         let draw = |p: SamplingParams| {
             let mut s = Sampler::new(p);
-            (0..100).map(|_| s.sample(&logits, &[])).collect::<Vec<_>>()
+            (0..100).map(|_| s.sample(&logits, &[], &[])).collect::<Vec<_>>()
         };
         let a = draw(params.clone());
         assert_eq!(a, draw(params.clone()));

@@ -3,6 +3,7 @@
 mod bench;
 mod inspect;
 mod run;
+mod serve;
 mod synth;
 mod tokens;
 
@@ -39,6 +40,8 @@ enum Command {
     Detokenize(tokens::DetokenizeArgs),
     /// Show a model's architecture, sizes, formats and what an uncached token must read.
     Inspect(inspect::InspectArgs),
+    /// Serve the OpenAI-compatible HTTP API (chat and text completions, streaming, tools).
+    Serve(serve::ServeArgs),
     /// Measure decode speed against the disk's direct-read bandwidth and the I/O + compute bound.
     Bench(bench::BenchArgs),
     /// Write a large random checkpoint with a real model's shapes (project tool for benchmarks).
@@ -168,5 +171,6 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Command::Inspect(a) => inspect::inspect(a),
         Command::Synth(a) => synth::synth(a),
         Command::Bench(a) => bench::bench(a),
+        Command::Serve(a) => serve::serve(a),
     }
 }

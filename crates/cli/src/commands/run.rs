@@ -72,34 +72,15 @@ pub struct RunArgs {
 }
 
 fn sampling(args: &RunArgs, engine: &Engine) -> Result<SamplingParams> {
-    let g = &engine.generation;
-    let sample_by_default = g.do_sample.unwrap_or(false);
+    let d = engine.sampling_defaults();
     let params = SamplingParams {
-        temperature: args.temperature.unwrap_or(if sample_by_default {
-            g.temperature.unwrap_or(1.0) as f32
-        } else {
-            0.0
-        }),
-        top_k: args.top_k.unwrap_or(if sample_by_default {
-            g.top_k.unwrap_or(0)
-        } else {
-            0
-        }),
-        top_p: args.top_p.unwrap_or(if sample_by_default {
-            g.top_p.unwrap_or(1.0) as f32
-        } else {
-            1.0
-        }),
-        min_p: args.min_p.unwrap_or(g.min_p.unwrap_or(0.0) as f32),
-        repetition_penalty: args
-            .repetition_penalty
-            .unwrap_or(g.repetition_penalty.unwrap_or(1.0) as f32),
-        seed: args.seed.unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(0)
-        }),
+        temperature: args.temperature.unwrap_or(d.temperature),
+        top_k: args.top_k.unwrap_or(d.top_k),
+        top_p: args.top_p.unwrap_or(d.top_p),
+        min_p: args.min_p.unwrap_or(d.min_p),
+        repetition_penalty: args.repetition_penalty.unwrap_or(d.repetition_penalty),
+        seed: args.seed.unwrap_or(d.seed),
+        ..d
     };
     if !(params.temperature >= 0.0 && params.temperature.is_finite()) {
         bail!("--temperature must be >= 0");

@@ -1,0 +1,477 @@
+//! `POST /v1/chat/completions`: messages rendered with the model's chat template (tools,
+//! `chat_template_kwargs` and `reasoning_effort` passed to it), one sequence per choice, the
+//! output split into content, `reasoning_content` and `tool_calls`; streamed as SSE chunks or
+//! returned whole.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Map, Value};
+use strata_runtime::{Request, RequestExtras, TokenLogprobs};
+use strata_tokenizer::Tokenizer;
+
+use crate::api::{self, ApiError, ApiResult, Fields};
+use crate::parse::{OutputParser, Piece, ToolCall, ToolFormat};
+use crate::scheduler::Event;
+use crate::stream::{self, check_model, json_body, next_event, submit, token_text, usage};
+use crate::AppState;
+
+/// Most choices one request may ask for.
+const MAX_N: usize = 16;
+const MAX_TOP_LOGPROBS: i64 = 20;
+
+pub async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    state.metrics.requests.fetch_add(1, Ordering::Relaxed);
+    match chat(state.clone(), body).await {
+        Ok(r) => r,
+        Err(e) => {
+            state.metrics.requests_failed.fetch_add(1, Ordering::Relaxed);
+            e.into_response()
+        }
+    }
+}
+
+/// Text of a message's content: a string, a list of text parts, or null.
+fn content_text(content: Option<&Value>, at: &str) -> ApiResult<Option<String>> {
+    match content {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for (j, part) in parts.iter().enumerate() {
+                let kind = part.get("type").and_then(Value::as_str);
+                match (kind, part.get("text").and_then(Value::as_str)) {
+                    (Some("text"), Some(t)) => text.push_str(t),
+                    (Some(other), _) if other != "text" => {
+                        return Err(ApiError::field(
+                            &format!("{at}.content[{j}].type"),
+                            format!("content parts of type `{other}` are not supported (text only)"),
+                        ))
+                    }
+                    _ => {
+                        return Err(ApiError::field(
+                            &format!("{at}.content[{j}]"),
+                            "a content part must be {\"type\": \"text\", \"text\": \"...\"}",
+                        ))
+                    }
+                }
+            }
+            Ok(Some(text))
+        }
+        Some(v) => Err(ApiError::field(
+            &format!("{at}.content"),
+            format!("content must be a string or a list of parts, got {v}"),
+        )),
+    }
+}
+
+/// Validated messages in the shape chat templates read (content as a string; `developer` as
+/// `system`).
+fn messages(v: Option<&Value>) -> ApiResult<Vec<Value>> {
+    let list = match v {
+        Some(Value::Array(l)) if !l.is_empty() => l,
+        Some(Value::Array(_)) => return Err(ApiError::field("messages", "`messages` must not be empty")),
+        None | Some(Value::Null) => return Err(ApiError::field("messages", "`messages` is required")),
+        Some(v) => {
+            return Err(ApiError::field(
+                "messages",
+                format!("`messages` must be a list, got {v}"),
+            ))
+        }
+    };
+    let mut out = Vec::with_capacity(list.len());
+    for (i, m) in list.iter().enumerate() {
+        let at = format!("messages[{i}]");
+        let Some(obj) = m.as_object() else {
+            return Err(ApiError::field(&at, "each message must be an object"));
+        };
+        let role = match obj.get("role").and_then(Value::as_str) {
+            Some(r @ ("system" | "user" | "assistant" | "tool")) => r,
+            Some("developer") => "system",
+            Some(other) => {
+                return Err(ApiError::field(
+                    &format!("{at}.role"),
+                    format!("unknown role `{other}` (system, developer, user, assistant, tool)"),
+                ))
+            }
+            None => return Err(ApiError::field(&format!("{at}.role"), "`role` is required")),
+        };
+        let content = content_text(obj.get("content"), &at)?;
+        let mut msg = obj.clone();
+        msg.insert("role".into(), Value::String(role.into()));
+        match content {
+            Some(text) => {
+                msg.insert("content".into(), Value::String(text));
+            }
+            None if role == "assistant" && obj.get("tool_calls").is_some() => {
+                msg.insert("content".into(), Value::Null);
+            }
+            None => {
+                return Err(ApiError::field(
+                    &format!("{at}.content"),
+                    "`content` is required for this role",
+                ))
+            }
+        }
+        if let Some(calls) = msg.get_mut("tool_calls").and_then(Value::as_array_mut) {
+            // Templates read arguments as a mapping more often than as a string.
+            for call in calls.iter_mut() {
+                if let Some(f) = call.get_mut("function").and_then(Value::as_object_mut) {
+                    if let Some(Value::String(args)) = f.get("arguments") {
+                        if let Ok(parsed @ Value::Object(_)) = serde_json::from_str::<Value>(args) {
+                            f.insert("arguments".into(), parsed);
+                        }
+                    }
+                }
+            }
+        }
+        out.push(Value::Object(msg));
+    }
+    Ok(out)
+}
+
+/// `tools` (a list of function declarations) and whether tool calls are parsed.
+fn tools(f: &Fields<'_>) -> ApiResult<(Option<Value>, bool)> {
+    let tools = match f.0.get("tools") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(list)) => {
+            for (i, t) in list.iter().enumerate() {
+                let name = t
+                    .get("function")
+                    .and_then(|f| f.get("name"))
+                    .and_then(Value::as_str);
+                if name.is_none() {
+                    return Err(ApiError::field(
+                        &format!("tools[{i}].function.name"),
+                        "each tool needs `function.name`",
+                    ));
+                }
+            }
+            (!list.is_empty()).then(|| Value::Array(list.clone()))
+        }
+        Some(v) => {
+            return Err(ApiError::field(
+                "tools",
+                format!("`tools` must be a list, got {v}"),
+            ))
+        }
+    };
+    let parse = match f.0.get("tool_choice") {
+        None | Some(Value::Null) => true,
+        Some(Value::String(s)) if s == "none" => false,
+        Some(Value::String(s)) if s == "auto" || s == "required" => true,
+        Some(Value::Object(o)) if o.get("function").and_then(|f| f.get("name")).is_some() => true,
+        Some(v) => {
+            return Err(ApiError::field(
+                "tool_choice",
+                format!("`tool_choice` must be none, auto, required or a named function, got {v}"),
+            ))
+        }
+    };
+    let enabled = parse && tools.is_some();
+    Ok((tools, enabled))
+}
+
+/// Special-token texts to drop from content (the parser's own markers stay).
+fn strip_list(tok: &Tokenizer) -> Vec<String> {
+    let markers = ["<think>", "</think>", "<tool_call>", "</tool_call>"];
+    let mut ids: Vec<u32> = tok.special_ids().into_iter().collect();
+    ids.sort_unstable();
+    ids.into_iter()
+        .filter_map(|id| tok.decode(&[id], false).ok())
+        .filter(|t| !t.is_empty() && !markers.contains(&t.as_str()))
+        .collect()
+}
+
+fn logprob_entry(tok: Option<&Tokenizer>, id: u32, lp: &TokenLogprobs) -> Value {
+    let (text, bytes) = token_text(tok, id);
+    json!({
+        "token": text,
+        "logprob": lp.logprob,
+        "bytes": bytes,
+        "top_logprobs": lp.top.iter().map(|&(t, l)| {
+            let (text, bytes) = token_text(tok, t);
+            json!({"token": text, "logprob": l, "bytes": bytes})
+        }).collect::<Vec<_>>(),
+    })
+}
+
+fn tool_call_json(call: &ToolCall, k: usize, id_prefix: &str) -> Value {
+    json!({
+        "id": call.id.clone().unwrap_or_else(|| format!("call_{id_prefix}_{k}")),
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    })
+}
+
+struct Plan {
+    prompt_len: usize,
+    n: usize,
+    stream: bool,
+    include_usage: bool,
+    logprobs: bool,
+    tool_format: Option<ToolFormat>,
+    in_reasoning: bool,
+    strip: Vec<String>,
+}
+
+async fn chat(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult<Response> {
+    let obj: Map<String, Value> = json_body(body)?;
+    check_model(&state, &obj)?;
+    let f = Fields(&obj);
+    let engine = &state.engine;
+    let tok = engine.tokenizer.as_ref().ok_or_else(|| {
+        ApiError::bad_request("This model has no tokenizer; use /v1/completions with token ids.")
+    })?;
+    let msgs = messages(obj.get("messages"))?;
+    let (tools, parse_tools) = tools(&f)?;
+    let mut kwargs = match obj.get("chat_template_kwargs") {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(o)) => o.clone(),
+        Some(v) => {
+            return Err(ApiError::field(
+                "chat_template_kwargs",
+                format!("`chat_template_kwargs` must be an object, got {v}"),
+            ))
+        }
+    };
+    if let Some(effort) = f.str("reasoning_effort")? {
+        kwargs.insert("reasoning_effort".into(), Value::String(effort.into()));
+    }
+    let logprobs = f.bool("logprobs")?.unwrap_or(false);
+    let top = f.int("top_logprobs", 0, MAX_TOP_LOGPROBS)?;
+    if top.is_some() && !logprobs {
+        return Err(ApiError::field(
+            "top_logprobs",
+            "`top_logprobs` needs `logprobs: true`",
+        ));
+    }
+    let vocab = engine.model.info().vocab_size;
+    let common = api::common(&f, engine.sampling_defaults(), vocab, MAX_N)?;
+    let (prompt, rendered) = tok
+        .encode_chat(&Value::Array(msgs), tools.as_ref(), true, &kwargs)
+        .map_err(|e| {
+            ApiError::bad_request(format!("The chat template could not render these messages: {e}"))
+        })?;
+    let context = engine.model.info().max_positions;
+    let budget = api::token_budget(common.max_tokens, prompt.len(), context)?;
+    let requests: Vec<Request> = (0..common.n)
+        .map(|i| {
+            let mut sampling = common.sampling.clone();
+            sampling.seed = sampling.seed.wrapping_add(i as u64);
+            Request {
+                prompt: prompt.clone(),
+                max_new_tokens: budget,
+                sampling,
+                stop: common.stop.clone(),
+                ignore_eos: common.ignore_eos,
+            }
+        })
+        .collect();
+    let extras = RequestExtras {
+        logprobs: logprobs.then_some(top.unwrap_or(0) as usize),
+        keep_special: true,
+    };
+    let rx = submit(&state, requests, extras)?;
+    state
+        .metrics
+        .prompt_tokens
+        .fetch_add(prompt.len() as u64, Ordering::Relaxed);
+    let plan = Plan {
+        prompt_len: prompt.len(),
+        n: common.n,
+        stream: common.stream,
+        include_usage: common.include_usage,
+        logprobs,
+        tool_format: parse_tools.then(|| ToolFormat::detect(tok)),
+        in_reasoning: rendered.trim_end().ends_with("<think>"),
+        strip: strip_list(tok),
+    };
+    if plan.stream {
+        return Ok(stream_chat(state.clone(), plan, rx));
+    }
+    let choices = stream::collect(rx, plan.n).await?;
+    let id = stream::request_id("chatcmpl");
+    let mut completion_tokens = 0;
+    let mut out = Vec::with_capacity(choices.len());
+    for (i, c) in choices.iter().enumerate() {
+        completion_tokens += c.ids.len();
+        let mut parser = OutputParser::new(plan.tool_format, plan.in_reasoning, plan.strip.clone());
+        let mut pieces = parser.push(&c.text);
+        let (rest, calls) = parser.finish();
+        pieces.extend(rest);
+        let (mut content, mut reasoning) = (String::new(), String::new());
+        for p in pieces {
+            match p {
+                Piece::Content(s) => content.push_str(&s),
+                Piece::Reasoning(s) => reasoning.push_str(&s),
+            }
+        }
+        let mut message = json!({"role": "assistant", "content": content});
+        if !reasoning.is_empty() {
+            message["reasoning_content"] = Value::String(reasoning);
+        }
+        let finish = if calls.is_empty() {
+            c.finish.map_or("stop", |r| r.as_str())
+        } else {
+            if content.is_empty() {
+                message["content"] = Value::Null;
+            }
+            message["tool_calls"] = calls
+                .iter()
+                .enumerate()
+                .map(|(k, call)| tool_call_json(call, k, &format!("{}_{i}", &id[9..])))
+                .collect();
+            "tool_calls"
+        };
+        let logprobs = plan.logprobs.then(|| {
+            json!({"content": c.ids.iter().zip(&c.logprobs).map(|(&t, lp)| logprob_entry(Some(tok), t, lp)).collect::<Vec<_>>()})
+        });
+        out.push(json!({"index": i, "message": message, "logprobs": logprobs, "finish_reason": finish}));
+    }
+    Ok(axum::Json(json!({
+        "id": id,
+        "object": "chat.completion",
+        "created": crate::now(),
+        "model": state.options.served_model_name,
+        "choices": out,
+        "usage": usage(plan.prompt_len, completion_tokens),
+        "system_fingerprint": null,
+    }))
+    .into_response())
+}
+
+fn stream_chat(
+    state: Arc<AppState>,
+    plan: Plan,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<(usize, Event)>,
+) -> Response {
+    stream::sse(move |sink| async move {
+        let id = stream::request_id("chatcmpl");
+        let created = crate::now();
+        let model = state.options.served_model_name.clone();
+        let tok = state.engine.tokenizer.as_ref();
+        let chunk = |i: usize, delta: Value, logprobs: Value, finish: Value| {
+            json!({
+                "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+                "system_fingerprint": null,
+                "choices": [{"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
+                "usage": null,
+            })
+        };
+        let piece_delta = |p: &Piece| match p {
+            Piece::Content(s) => json!({"content": s}),
+            Piece::Reasoning(s) => json!({"reasoning_content": s}),
+        };
+        let mut parsers: Vec<OutputParser> = (0..plan.n)
+            .map(|_| OutputParser::new(plan.tool_format, plan.in_reasoning, plan.strip.clone()))
+            .collect();
+        for i in 0..plan.n {
+            if !sink
+                .json(&chunk(
+                    i,
+                    json!({"role": "assistant", "content": ""}),
+                    Value::Null,
+                    Value::Null,
+                ))
+                .await
+            {
+                return;
+            }
+        }
+        let (mut done, mut completion_tokens) = (0, 0);
+        while done < plan.n {
+            let Some((i, event)) = next_event(&sink, &mut rx).await else {
+                return; // client gone: dropping `rx` cancels the sequences
+            };
+            match event {
+                Event::Token {
+                    id: t,
+                    text,
+                    logprobs,
+                } => {
+                    completion_tokens += 1;
+                    let pieces = parsers[i].push(&text);
+                    let lp = match (&logprobs, plan.logprobs) {
+                        (Some(lp), true) => json!({"content": [logprob_entry(tok, t, lp)]}),
+                        _ => Value::Null,
+                    };
+                    if pieces.is_empty() && !lp.is_null() {
+                        if !sink
+                            .json(&chunk(i, json!({"content": ""}), lp, Value::Null))
+                            .await
+                        {
+                            return;
+                        }
+                        continue;
+                    }
+                    for (k, p) in pieces.iter().enumerate() {
+                        let lp = if k == 0 { lp.clone() } else { Value::Null };
+                        if !sink.json(&chunk(i, piece_delta(p), lp, Value::Null)).await {
+                            return;
+                        }
+                    }
+                }
+                Event::Done(reason) => {
+                    done += 1;
+                    let (pieces, calls) = parsers[i].finish();
+                    for p in &pieces {
+                        if !sink
+                            .json(&chunk(i, piece_delta(p), Value::Null, Value::Null))
+                            .await
+                        {
+                            return;
+                        }
+                    }
+                    for (k, call) in calls.iter().enumerate() {
+                        let mut head = tool_call_json(call, k, &format!("{}_{i}", &id[9..]));
+                        head["index"] = json!(k);
+                        let args = std::mem::take(&mut head["function"]["arguments"]);
+                        head["function"]["arguments"] = json!("");
+                        let delta = json!({"tool_calls": [head]});
+                        let more = json!({"tool_calls": [{"index": k, "function": {"arguments": args}}]});
+                        for d in [delta, more] {
+                            if !sink.json(&chunk(i, d, Value::Null, Value::Null)).await {
+                                return;
+                            }
+                        }
+                    }
+                    let finish = if calls.is_empty() {
+                        reason.as_str()
+                    } else {
+                        "tool_calls"
+                    };
+                    if !sink.json(&chunk(i, json!({}), Value::Null, json!(finish))).await {
+                        return;
+                    }
+                }
+                Event::Error(e) => {
+                    let err = stream::engine_error(e);
+                    let _ = sink
+                        .json(&json!({"error": {"message": err.message, "type": err.kind, "param": null, "code": null}}))
+                        .await;
+                    sink.done().await;
+                    return;
+                }
+            }
+        }
+        if plan.include_usage {
+            let last = json!({
+                "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+                "system_fingerprint": null, "choices": [],
+                "usage": usage(plan.prompt_len, completion_tokens),
+            });
+            if !sink.json(&last).await {
+                return;
+            }
+        }
+        sink.done().await;
+    })
+}
