@@ -110,8 +110,10 @@ fn messages(v: Option<&Value>) -> ApiResult<Vec<Value>> {
             Some(text) => {
                 msg.insert("content".into(), Value::String(text));
             }
+            // Clients send `content: null` on tool-call turns; templates test and split content as
+            // a string (Qwen3: `'</think>' in message.content`).
             None if role == "assistant" && obj.get("tool_calls").is_some() => {
-                msg.insert("content".into(), Value::Null);
+                msg.insert("content".into(), Value::String(String::new()));
             }
             None => {
                 return Err(ApiError::field(

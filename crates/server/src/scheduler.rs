@@ -200,11 +200,15 @@ fn run(
             Ok(()) => {
                 // Sequences the batch dropped (finished or their client gone).
                 running.retain(|r| {
-                    let keep = !finished.contains(&r.id) && !r.events.is_closed();
-                    if !keep {
+                    let done = finished.contains(&r.id);
+                    let gone = !done && r.events.is_closed();
+                    if gone {
+                        metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if done || gone {
                         load.fetch_sub(1, Ordering::SeqCst);
                     }
-                    keep
+                    !(done || gone)
                 });
             }
             Err(e) => {
@@ -216,5 +220,6 @@ fn run(
                 }
             }
         }
+        metrics.running.store(running.len() as u64, Ordering::Relaxed);
     }
 }
