@@ -150,6 +150,8 @@ impl InFlight {
 
 struct Shared {
     files: Vec<DirectFile>,
+    /// A remote model's local cache, filled before each read, with each shard's file name.
+    source: Option<(Arc<dyn strata_formats::RangeSource>, Vec<String>)>,
     plans: HashMap<Key, ExpertPlan>,
     budget: usize,
     lru: Mutex<Lru>,
@@ -212,8 +214,20 @@ impl CachedStore {
             })?;
             files.push(file);
         }
+        let source = ckpt.source().map(|src| {
+            let names = (0..ckpt.n_shards())
+                .map(|s| {
+                    ckpt.shard_path(s)
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_default()
+                })
+                .collect();
+            (src.clone(), names)
+        });
         let shared = Arc::new(Shared {
             files,
+            source,
             plans,
             budget,
             lru: Mutex::new(Lru::default()),
@@ -352,6 +366,16 @@ impl Shared {
             let mut skips = Vec::with_capacity(plan.runs.len());
             for (run, buf) in plan.runs.iter().zip(buffers.iter_mut()) {
                 let file = &self.files[run.shard];
+                if let Some((source, names)) = &self.source {
+                    source
+                        .ensure(&names[run.shard], run.offset, run.len)
+                        .map_err(|e| {
+                            format!(
+                                "fetching expert {expert} of layer {layer} ({} bytes at {}): {e}",
+                                run.len, run.offset
+                            )
+                        })?;
+                }
                 let skip = file
                     .read_range_into(run.offset, run.len as usize, buf)
                     .map_err(|e| {

@@ -10,6 +10,15 @@ use std::path::{Path, PathBuf};
 use crate::safetensors::{parse_header, TensorInfo};
 use crate::{DType, FormatError, QuantizationConfig, Result};
 
+/// Where the bytes of a checkpoint that is not (yet) all on local disk come from: before any
+/// read of a shard's byte range, the range is made present in the local file (a remote model's
+/// sparse cache fills it, once).
+pub trait RangeSource: Send + Sync {
+    /// Makes bytes [offset, offset + len) of the shard file `file` (its name in the folder)
+    /// present locally.
+    fn ensure(&self, file: &str, offset: u64, len: u64) -> std::result::Result<(), String>;
+}
+
 #[derive(Clone, Debug)]
 pub struct TensorEntry {
     pub shard: usize,
@@ -26,6 +35,7 @@ pub struct Checkpoint {
     shards: Vec<Shard>,
     tensors: HashMap<String, TensorEntry>,
     quantization: Option<QuantizationConfig>,
+    source: Option<std::sync::Arc<dyn RangeSource>>,
 }
 
 impl std::fmt::Debug for Checkpoint {
@@ -108,7 +118,34 @@ impl Checkpoint {
             shards,
             tensors,
             quantization: None,
+            source: None,
         })
+    }
+
+    /// Reads go through `source` first (a remote model's local cache).
+    pub fn with_source(mut self, source: Option<std::sync::Arc<dyn RangeSource>>) -> Checkpoint {
+        self.source = source;
+        self
+    }
+
+    pub fn source(&self) -> Option<&std::sync::Arc<dyn RangeSource>> {
+        self.source.as_ref()
+    }
+
+    /// Makes a byte range of shard `shard` present locally (a no-op for local checkpoints).
+    pub fn ensure(&self, shard: usize, offset: u64, len: u64) -> Result<()> {
+        let Some(source) = &self.source else { return Ok(()) };
+        let path = &self.shards[shard].path;
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        source
+            .ensure(&name, offset, len)
+            .map_err(|reason| FormatError::BadCheckpoint {
+                dir: self.dir.clone(),
+                reason,
+            })
     }
 
     /// Attaches config.json's `quantization_config` (block and group sizes of quantized tensors).
@@ -178,6 +215,7 @@ impl Checkpoint {
                 entry.info.len
             )));
         }
+        self.ensure(entry.shard, entry.info.offset, entry.info.len)?;
         shard.file.read_exact_at(buf, entry.info.offset).map_err(|e| {
             bad(format!(
                 "reading {} bytes at offset {} failed: {e} (was the file truncated or replaced?)",

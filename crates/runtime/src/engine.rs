@@ -113,9 +113,20 @@ pub struct LogitsOutput {
 
 impl Engine {
     pub fn load(dir: &Path, options: &LoadOptions) -> Result<Engine, EngineError> {
+        Self::load_from(dir, None, options)
+    }
+
+    /// Loads a folder whose shard bytes may not all be local yet: `source` makes each range
+    /// present before it is read (a remote model's cache).
+    pub fn load_from(
+        dir: &Path,
+        source: Option<std::sync::Arc<dyn strata_formats::RangeSource>>,
+        options: &LoadOptions,
+    ) -> Result<Engine, EngineError> {
         let cfg = JsonConfig::read(&dir.join("config.json"))?;
-        let ckpt =
-            Checkpoint::open(dir)?.with_quantization(QuantizationConfig::from_config(&cfg.text_config()?)?);
+        let ckpt = Checkpoint::open(dir)?
+            .with_quantization(QuantizationConfig::from_config(&cfg.text_config()?)?)
+            .with_source(source);
         let memory = MemoryPlan::new(&ModelPlan::from_dir(dir)?, options.mem, options.expert_cache)?;
         let budget = memory.expert_cache;
         let store_slot: std::cell::RefCell<Option<Arc<CachedStore>>> = Default::default();
@@ -131,6 +142,9 @@ impl Engine {
             *store_slot.borrow_mut() = Some(store.clone());
             Ok(store)
         };
+        if ckpt.source().is_some() {
+            fetch_resident(&cfg, &ckpt)?;
+        }
         let model = load_model(&cfg, &ckpt, &factory)?;
         let tokenizer = if dir.join("tokenizer.json").exists() || dir.join("tiktoken.model").exists() {
             Some(Tokenizer::from_dir(dir)?)
@@ -373,6 +387,43 @@ impl ModelPlan {
     pub fn uncached_token_bytes(&self) -> u64 {
         self.bytes_per_expert() * (self.layout.top_k * self.layout.moe_layers.len()) as u64
     }
+}
+
+/// For a checkpoint whose bytes come from a remote source: makes every non-expert tensor present
+/// first, adjacent tensors merged into one range (one request per contiguous missing run rather
+/// than one per tensor).
+fn fetch_resident(cfg: &JsonConfig, ckpt: &Checkpoint) -> Result<(), EngineError> {
+    let layout = (family_for(cfg)?.expert_layout)(cfg)?;
+    let mut prefixes = HashSet::new();
+    for &l in &layout.moe_layers {
+        for e in 0..layout.n_experts {
+            for p in 0..3 {
+                prefixes.insert(layout.tensor_base(l, e, p));
+            }
+        }
+    }
+    let mut ranges: Vec<(usize, u64, u64)> = ckpt
+        .entries()
+        .filter(|e| {
+            !e.info
+                .name
+                .rsplit_once('.')
+                .is_some_and(|(base, _)| prefixes.contains(base))
+        })
+        .map(|e| (e.shard, e.info.offset, e.info.offset + e.info.len))
+        .collect();
+    ranges.sort_unstable();
+    let mut merged: Vec<(usize, u64, u64)> = Vec::new();
+    for (shard, a, b) in ranges {
+        match merged.last_mut() {
+            Some(last) if last.0 == shard && a <= last.2 => last.2 = last.2.max(b),
+            _ => merged.push((shard, a, b)),
+        }
+    }
+    for (shard, a, b) in merged {
+        ckpt.ensure(shard, a, b - a)?;
+    }
+    Ok(())
 }
 
 /// Elements of the unquantized matrix a tensor stands for (scales and shape tensors count 0).

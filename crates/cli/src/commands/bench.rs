@@ -4,8 +4,8 @@
 
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
-use strata_runtime::{Engine, GenEvent, Request, SamplingParams};
+use anyhow::{bail, Result};
+use strata_runtime::{GenEvent, Request, SamplingParams};
 
 use super::{MemArgs, ModelArg};
 
@@ -50,10 +50,8 @@ struct Projection {
 }
 
 pub fn bench(args: BenchArgs) -> Result<()> {
-    let dir = args.model.resolve()?;
     let t_load = Instant::now();
-    let engine = Engine::load(&dir, &args.mem.load_options())
-        .with_context(|| format!("loading model {}", args.model.describe()))?;
+    let (engine, _) = args.model.load(&args.mem.load_options())?;
     let load_s = t_load.elapsed().as_secs_f64();
     let Some(store) = engine.experts.clone() else {
         bail!("this model has no routed experts to stream");

@@ -1,13 +1,16 @@
 //! Command-line definitions and dispatch. Each command lives in its own file.
 
 mod bench;
+mod cache;
 mod inspect;
+mod pull;
 mod run;
 mod serve;
 mod synth;
 mod tokens;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -40,6 +43,10 @@ enum Command {
     Detokenize(tokens::DetokenizeArgs),
     /// Show a model's architecture, sizes, formats and what an uncached token must read.
     Inspect(inspect::InspectArgs),
+    /// Fill the local cache of a remote model (hf://... or a URL) ahead of time.
+    Pull(pull::PullArgs),
+    /// See, check and trim the cache of remote models.
+    Cache(cache::CacheArgs),
     /// Serve the OpenAI-compatible HTTP API (chat and text completions, streaming, tools).
     Serve(serve::ServeArgs),
     /// Measure decode speed against the disk's direct-read bandwidth and the I/O + compute bound.
@@ -52,31 +59,60 @@ enum Command {
 /// `--model`, shared by every command.
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArg {
-    /// Model folder (Hugging Face layout: config.json, *.safetensors, tokenizer files).
-    /// Default: the embedded demo model.
-    #[arg(long, short = 'm', value_name = "DIR")]
-    model: Option<PathBuf>,
+    /// Model: a local folder (Hugging Face layout: config.json, *.safetensors, tokenizer files),
+    /// `hf://ORG/NAME[@REVISION]`, or an `http(s)://` folder URL. Remote models are read with
+    /// one Range request per missing run into a local cache. Default: the embedded demo model.
+    #[arg(long, short = 'm', value_name = "DIR|hf://ORG/NAME|URL")]
+    model: Option<String>,
+    /// Cache for remote models. Default: $XDG_CACHE_HOME/strata or ~/.cache/strata.
+    #[arg(long, value_name = "DIR", global = true)]
+    cache_dir: Option<PathBuf>,
+    /// Make no network request: remote models come from the cache only (also HF_HUB_OFFLINE=1).
+    #[arg(long, global = true)]
+    offline: bool,
 }
 
 impl ModelArg {
-    pub fn resolve(&self) -> Result<PathBuf> {
+    pub fn remote_options(&self) -> strata_remote::RemoteOptions {
+        strata_remote::RemoteOptions::new(self.cache_dir.clone(), self.offline)
+    }
+
+    /// The model's folder (for a remote model: its local mirror, small files and headers
+    /// present) and, for a remote model, the source that fills the rest on demand.
+    pub fn open(&self) -> Result<(PathBuf, Option<Arc<strata_remote::Mirror>>)> {
         match &self.model {
-            Some(dir) => {
-                if !dir.is_dir() {
+            Some(spec) => {
+                let (dir, mirror) = strata_remote::open_location(spec, &self.remote_options())
+                    .map_err(|e| anyhow::anyhow!("{e}"))
+                    .with_context(|| format!("opening model {spec}"))?;
+                if mirror.is_none() && !dir.is_dir() {
                     bail!(
                         "model folder {} does not exist (or is not a folder)",
                         dir.display()
                     );
                 }
-                Ok(dir.clone())
+                Ok((dir, mirror))
             }
-            None => default_model::path(),
+            None => Ok((default_model::path()?, None)),
         }
+    }
+
+    pub fn resolve(&self) -> Result<PathBuf> {
+        Ok(self.open()?.0)
+    }
+
+    /// Loads the engine (remote models through their cache).
+    pub fn load(&self, options: &strata_runtime::LoadOptions) -> Result<(strata_runtime::Engine, PathBuf)> {
+        let (dir, mirror) = self.open()?;
+        let source = mirror.map(|m| m as Arc<dyn strata_formats::RangeSource>);
+        let engine = strata_runtime::Engine::load_from(&dir, source, options)
+            .with_context(|| format!("loading model {}", self.describe()))?;
+        Ok((engine, dir))
     }
 
     pub fn describe(&self) -> String {
         match &self.model {
-            Some(d) => d.display().to_string(),
+            Some(d) => d.clone(),
             None => default_model::NAME.to_string(),
         }
     }
@@ -172,5 +208,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Command::Synth(a) => synth::synth(a),
         Command::Bench(a) => bench::bench(a),
         Command::Serve(a) => serve::serve(a),
+        Command::Pull(a) => pull::pull(a),
+        Command::Cache(a) => cache::cache(a),
     }
 }

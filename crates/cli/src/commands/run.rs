@@ -124,10 +124,8 @@ fn prompt_ids(args: &RunArgs, engine: &Engine) -> Result<Vec<u32>> {
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
-    let dir = args.model.resolve()?;
     let t_load = Instant::now();
-    let engine = Engine::load(&dir, &args.mem.load_options())
-        .with_context(|| format!("loading model {}", args.model.describe()))?;
+    let (engine, dir) = args.model.load(&args.mem.load_options())?;
     let load_s = t_load.elapsed().as_secs_f64();
     let request = Request {
         prompt: prompt_ids(&args, &engine)?,

@@ -3,8 +3,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use anyhow::{Context, Result};
-use strata_runtime::Engine;
+use anyhow::Result;
 use strata_server::ServeOptions;
 
 use super::{MemArgs, ModelArg};
@@ -38,9 +37,7 @@ pub struct ServeArgs {
 }
 
 pub fn serve(args: ServeArgs) -> Result<()> {
-    let dir = args.model.resolve()?;
-    let engine = Engine::load(&dir, &args.mem.load_options())
-        .with_context(|| format!("loading model {}", args.model.describe()))?;
+    let (engine, dir) = args.model.load(&args.mem.load_options())?;
     let name = args.served_model_name.clone().unwrap_or_else(|| {
         dir.canonicalize()
             .ok()

@@ -5,7 +5,6 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use serde_json::json;
-use strata_runtime::Engine;
 use strata_tokenizer::Tokenizer;
 
 use super::{parse_ids, MemArgs, ModelArg};
@@ -23,8 +22,7 @@ pub struct LogitsArgs {
 
 pub fn logits(args: LogitsArgs) -> Result<()> {
     let ids = parse_ids(&args.ids)?;
-    let dir = args.model.resolve()?;
-    let engine = Engine::load(&dir, &args.mem.load_options())?;
+    let (engine, _) = args.model.load(&args.mem.load_options())?;
     let out = engine.logits(&ids)?;
     let body = json!({"argmax": out.argmax, "last_logits": out.last_logits});
     println!("{}", serde_json::to_string(&body)?);

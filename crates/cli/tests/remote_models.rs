@@ -1,0 +1,210 @@
+//! Models served over HTTP by a real nginx on loopback, laid out as the Hugging Face hub does
+//! (`/{repo}/resolve/{revision}/`, `X-Repo-Commit`), run through `hf://` with `HF_ENDPOINT`
+//! pointing at it: every fixture gives exactly the logits and generations of its local folder;
+//! cached runs make no range request; with the server stopped, `--offline` gives them again.
+
+mod common;
+
+use std::process::Command;
+
+use common::nginx::{Nginx, COMMIT};
+use serde_json::Value;
+use strata_testkit::{as_u32s, fixture, golden, BF16_MODELS, QUANTIZED_MODELS};
+
+fn strata(args: &[&str], endpoint: &str, extra_env: &[(&str, &str)]) -> (bool, Value, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_strata"));
+    cmd.args(args)
+        .env("HF_ENDPOINT", endpoint)
+        .env_remove("HF_TOKEN")
+        .env_remove("HF_HUB_OFFLINE")
+        .env("HF_HOME", std::env::temp_dir().join("strata-test-no-hf-home"))
+        .env("STRATA_HTTP_BACKOFF_MS", "20");
+    for (k, v) in extra_env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("spawn strata");
+    let stdout = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let json = serde_json::from_str(&stdout).unwrap_or(Value::Null);
+    (out.status.success(), json, stderr)
+}
+
+fn csv(ids: &[u32]) -> String {
+    ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",")
+}
+
+const KIMI: &[&str] = &["kimi-k3-tiny"];
+
+#[test]
+fn every_fixture_through_hf_matches_its_local_folder_then_offline() {
+    let names: Vec<&str> = BF16_MODELS
+        .iter()
+        .chain(QUANTIZED_MODELS)
+        .chain(KIMI)
+        .copied()
+        .collect();
+    let repos: Vec<(String, std::path::PathBuf)> =
+        names.iter().map(|n| (format!("test/{n}"), fixture(n))).collect();
+    let repo_refs: Vec<(&str, &std::path::Path)> =
+        repos.iter().map(|(r, d)| (r.as_str(), d.as_path())).collect();
+    let mut server = Nginx::start("hf", &repo_refs);
+    let cache = server.root.join("cache");
+    let cache = cache.to_str().unwrap().to_string();
+    let endpoint = server.endpoint();
+
+    // (name, logits args, run args) per fixture, and their local outputs.
+    let mut cases = Vec::new();
+    for name in &names {
+        let g = golden(name);
+        let prompts = g["prompts"].as_array().unwrap();
+        let ids = csv(&as_u32s(&prompts[prompts.len() - 1]["ids"]));
+        let local = fixture(name).to_str().unwrap().to_string();
+        let hf = format!("hf://test/{name}");
+        let logits = |model: &str| {
+            vec![
+                "logits".to_string(),
+                "--model".into(),
+                model.into(),
+                "--ids".into(),
+                ids.clone(),
+            ]
+        };
+        let run = |model: &str| {
+            let mut a: Vec<String> = [
+                "run",
+                "--model",
+                model,
+                "--ids",
+                &ids,
+                "--max-tokens",
+                "6",
+                "--temperature",
+                "0",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            a.extend(["--ignore-eos", "--output", "json"].iter().map(|s| s.to_string()));
+            a
+        };
+        let as_refs = |v: &Vec<String>| v.clone();
+        let (ok, want_logits, err) = strata(
+            &as_refs(&logits(&local))
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+            &endpoint,
+            &[],
+        );
+        assert!(ok, "{name} local: {err}");
+        let (ok, want_run, err) = strata(
+            &run(&local).iter().map(String::as_str).collect::<Vec<_>>(),
+            &endpoint,
+            &[],
+        );
+        assert!(ok, "{name} local run: {err}");
+        cases.push((name.to_string(), logits(&hf), run(&hf), want_logits, want_run));
+    }
+
+    let with_cache = |args: &Vec<String>, extra: &[&str]| -> Vec<String> {
+        let mut a = args.clone();
+        a.extend(["--cache-dir".to_string(), cache.clone()]);
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    for (name, logits, run, want_logits, want_run) in &cases {
+        let before = server.requests(" 206 ");
+        let (ok, got, err) = strata(
+            &with_cache(logits, &[])
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+            &endpoint,
+            &[],
+        );
+        assert!(ok, "{name} via hf://: {err}");
+        assert_eq!(
+            &got, want_logits,
+            "{name}: logits via hf:// differ from the local folder"
+        );
+        let fetched = server.requests(" 206 ") - before;
+        assert!(fetched > 0, "{name}: no range request was made");
+        // Everything needed is cached now: the same run again makes no range request.
+        let before = server.requests(" 206 ");
+        let (ok, got, err) = strata(
+            &with_cache(logits, &[])
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+            &endpoint,
+            &[],
+        );
+        assert!(ok, "{name} cached: {err}");
+        assert_eq!(&got, want_logits);
+        assert_eq!(
+            server.requests(" 206 "),
+            before,
+            "{name}: a fully cached run fetched again"
+        );
+        // Generation (reads whatever experts the new tokens route to).
+        let (ok, got, err) = strata(
+            &with_cache(run, &[])
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+            &endpoint,
+            &[],
+        );
+        assert!(ok, "{name} run via hf://: {err}");
+        assert_eq!(
+            got["token_ids"], want_run["token_ids"],
+            "{name}: generation via hf://"
+        );
+    }
+    // The cache is pinned to the commit the branch resolved to.
+    assert!(std::path::Path::new(&cache)
+        .join("models/hf--test--kimi-k3-tiny/snapshots")
+        .join(COMMIT)
+        .is_dir());
+
+    server.stop();
+    for (name, logits, run, want_logits, want_run) in &cases {
+        let (ok, got, err) = strata(
+            &with_cache(logits, &["--offline"])
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+            &endpoint,
+            &[],
+        );
+        assert!(ok, "{name} --offline: {err}");
+        assert_eq!(&got, want_logits, "{name}: offline logits");
+        let (ok, got, err) = strata(
+            &with_cache(run, &[])
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+            &endpoint,
+            &[("HF_HUB_OFFLINE", "1")],
+        );
+        assert!(ok, "{name} HF_HUB_OFFLINE=1: {err}");
+        assert_eq!(got["token_ids"], want_run["token_ids"]);
+    }
+    // Offline, a model never fetched is a clear error, and no request is attempted.
+    let (ok, _, err) = strata(
+        &[
+            "logits",
+            "--model",
+            "hf://test/never-seen",
+            "--ids",
+            "1",
+            "--cache-dir",
+            &cache,
+            "--offline",
+        ],
+        &endpoint,
+        &[],
+    );
+    assert!(!ok && err.contains("offline"), "{err}");
+    server.resume();
+}

@@ -1,0 +1,248 @@
+//! Where a model is: a local folder, `hf://ORG/NAME[@REVISION]` (Hugging Face resolve URLs
+//! under `HF_ENDPOINT`), or an `http(s)://` folder URL on any server that honours `Range`.
+//! A Hugging Face branch or tag is resolved once to a commit (`X-Repo-Commit`) and everything is
+//! cached under that commit, so a moving branch never mixes two revisions.
+
+use std::path::{Path, PathBuf};
+
+use crate::http::Http;
+
+pub const DEFAULT_HF_ENDPOINT: &str = "https://huggingface.co";
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Location {
+    Local(PathBuf),
+    Hf { repo: String, revision: String },
+    Url(String),
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct RemoteOptions {
+    /// Root of strata's cache (`--cache-dir`).
+    pub cache_dir: PathBuf,
+    /// Make no network request (`--offline`, `HF_HUB_OFFLINE=1`).
+    pub offline: bool,
+}
+
+impl RemoteOptions {
+    /// `--cache-dir` when given, else `$XDG_CACHE_HOME/strata` or `~/.cache/strata`; offline when
+    /// asked or `HF_HUB_OFFLINE` is set to a true value.
+    pub fn new(cache_dir: Option<PathBuf>, offline: bool) -> RemoteOptions {
+        let cache_dir = cache_dir.unwrap_or_else(default_cache_dir);
+        let env_offline = std::env::var("HF_HUB_OFFLINE")
+            .map(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"))
+            .unwrap_or(false);
+        RemoteOptions {
+            cache_dir,
+            offline: offline || env_offline,
+        }
+    }
+}
+
+pub fn default_cache_dir() -> PathBuf {
+    if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(x).join("strata");
+    }
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    home.join(".cache").join("strata")
+}
+
+fn hf_endpoint() -> String {
+    std::env::var("HF_ENDPOINT")
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| DEFAULT_HF_ENDPOINT.to_string())
+        .trim_end_matches('/')
+        .to_string()
+}
+
+fn hf_home() -> PathBuf {
+    std::env::var_os("HF_HOME").map(PathBuf::from).unwrap_or_else(|| {
+        std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(std::env::temp_dir)
+            .join(".cache")
+            .join("huggingface")
+    })
+}
+
+/// `HF_TOKEN`, else the token file under `HF_HOME`.
+fn hf_token() -> Option<String> {
+    if let Ok(t) = std::env::var("HF_TOKEN") {
+        if !t.trim().is_empty() {
+            return Some(t.trim().to_string());
+        }
+    }
+    std::fs::read_to_string(hf_home().join("token"))
+        .ok()
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty())
+}
+
+/// A name safe as one path component.
+fn slug(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect::<String>()
+        .trim_matches('.')
+        .to_string()
+}
+
+fn is_commit(rev: &str) -> bool {
+    rev.len() == 40 && rev.chars().all(|c| c.is_ascii_hexdigit())
+}
+
+impl Location {
+    pub fn parse(spec: &str) -> Location {
+        if let Some(rest) = spec.strip_prefix("hf://") {
+            let (repo, revision) = match rest.split_once('@') {
+                Some((r, v)) if !v.is_empty() => (r, v),
+                Some((r, _)) => (r, "main"),
+                None => (rest, "main"),
+            };
+            Location::Hf {
+                repo: repo.trim_matches('/').to_string(),
+                revision: revision.to_string(),
+            }
+        } else if spec.starts_with("http://") || spec.starts_with("https://") {
+            Location::Url(format!("{}/", spec.trim_end_matches('/')))
+        } else {
+            Location::Local(PathBuf::from(spec))
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            Location::Local(p) => p.display().to_string(),
+            Location::Hf { repo, revision } => format!("hf://{repo}@{revision}"),
+            Location::Url(u) => u.clone(),
+        }
+    }
+
+    /// The token to send and the only host it may go to.
+    pub fn credentials(&self) -> (Option<String>, Option<String>) {
+        match self {
+            Location::Hf { .. } => {
+                let host = reqwest::Url::parse(&hf_endpoint())
+                    .ok()
+                    .and_then(|u| u.host_str().map(str::to_string));
+                (hf_token(), host)
+            }
+            _ => (None, None),
+        }
+    }
+
+    fn model_root(&self, options: &RemoteOptions) -> PathBuf {
+        let name = match self {
+            Location::Hf { repo, .. } => format!("hf--{}", slug(&repo.replace('/', "--"))),
+            Location::Url(u) => {
+                let trimmed = u.split_once("://").map_or(u.as_str(), |(_, r)| r);
+                format!("url--{}", slug(trimmed.trim_end_matches('/')))
+            }
+            Location::Local(_) => unreachable!("local folders have no cache"),
+        };
+        options.cache_dir.join("models").join(name)
+    }
+
+    /// The mirror folder and the base URL of the model's files at the resolved revision.
+    pub fn resolve(&self, options: &RemoteOptions, http: Option<&Http>) -> Result<(PathBuf, String), String> {
+        let root = self.model_root(options);
+        match self {
+            Location::Local(_) => unreachable!("local folders are not mirrored"),
+            Location::Url(u) => Ok((root.join("files"), u.clone())),
+            Location::Hf { repo, revision } => {
+                let endpoint = hf_endpoint();
+                let refs = root.join("refs").join(slug(revision));
+                let commit = if is_commit(revision) {
+                    revision.clone()
+                } else if let Some(http) = http {
+                    let url = format!("{endpoint}/{repo}/resolve/{revision}/config.json");
+                    let f = http.get(&url).map_err(|e| e.to_string())?;
+                    let commit = f
+                        .headers
+                        .get("x-repo-commit")
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_string)
+                        .filter(|c| is_commit(c))
+                        .ok_or_else(|| {
+                            format!("{url}: no X-Repo-Commit header: cannot pin `{revision}` to a commit")
+                        })?;
+                    std::fs::create_dir_all(refs.parent().expect("refs dir")).map_err(|e| e.to_string())?;
+                    std::fs::write(&refs, &commit).map_err(|e| format!("{}: {e}", refs.display()))?;
+                    commit
+                } else {
+                    std::fs::read_to_string(&refs)
+                        .map(|c| c.trim().to_string())
+                        .map_err(|_| {
+                            format!(
+                                "offline, and hf://{repo}@{revision} was never resolved here (no {})",
+                                refs.display()
+                            )
+                        })?
+                };
+                Ok((
+                    root.join("snapshots").join(&commit),
+                    format!("{endpoint}/{repo}/resolve/{commit}/"),
+                ))
+            }
+        }
+    }
+
+    /// A complete copy of `name` in the Hugging Face cache (`HF_HUB_CACHE` layout) for the same
+    /// commit, reused read-only.
+    pub fn hf_cached_file(&self, _options: &RemoteOptions, mirror_dir: &Path, name: &str) -> Option<PathBuf> {
+        let Location::Hf { repo, .. } = self else {
+            return None;
+        };
+        let commit = mirror_dir.file_name()?.to_str()?;
+        let hub = std::env::var_os("HF_HUB_CACHE")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| hf_home().join("hub"));
+        let path = hub
+            .join(format!("models--{}", repo.replace('/', "--")))
+            .join("snapshots")
+            .join(commit)
+            .join(name);
+        path.is_file().then_some(path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locations_parse() {
+        assert_eq!(
+            Location::parse("hf://moonshotai/Kimi-K3@v1"),
+            Location::Hf {
+                repo: "moonshotai/Kimi-K3".into(),
+                revision: "v1".into()
+            }
+        );
+        assert_eq!(
+            Location::parse("hf://org/name"),
+            Location::Hf {
+                repo: "org/name".into(),
+                revision: "main".into()
+            }
+        );
+        assert_eq!(
+            Location::parse("https://cdn.example/m"),
+            Location::Url("https://cdn.example/m/".into())
+        );
+        assert_eq!(
+            Location::parse("./models/x"),
+            Location::Local("./models/x".into())
+        );
+        assert_eq!(slug("a/b c"), "a-b-c");
+    }
+}

@@ -1,0 +1,437 @@
+//! A remote model's local mirror: a folder in the cache holding its small files whole and its
+//! shards as sparse files of their full size, with a journal per shard of the byte runs present
+//! (`journal.rs`). Everything else in strata reads the mirror like a local folder; the mirror is
+//! a [`RangeSource`], so a read of bytes not yet present first fetches them with one `Range`
+//! request per contiguous missing run.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use serde_json::Value;
+use strata_formats::RangeSource;
+
+use crate::http::{Http, RetryPolicy};
+use crate::journal::{Journal, Run};
+use crate::location::{Location, RemoteOptions};
+
+/// Small files fetched whole when the model has them.
+pub const SMALL_FILES: &[&str] = &[
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tiktoken.model",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+    "model.safetensors.index.json",
+];
+
+/// Suffix of a shard's run journal and of its metadata.
+pub const RUNS_SUFFIX: &str = ".strata-runs";
+pub const META_SUFFIX: &str = ".strata-meta.json";
+/// Small files a server said it does not have (so offline runs know too).
+pub const ABSENT_FILE: &str = ".strata-absent.json";
+
+struct ShardState {
+    data: File,
+    journal: Journal,
+    /// A complete file reused read-only (Hugging Face cache): nothing to fetch.
+    complete: bool,
+    /// Runs being fetched now (by any thread): others wait for them instead of asking again.
+    inflight: Vec<(u64, u64)>,
+}
+
+struct Shard {
+    state: Mutex<ShardState>,
+    /// Signalled whenever a fetch ends.
+    fetched: std::sync::Condvar,
+}
+
+/// `gap` minus the in-flight intervals: (parts to fetch, whether some part is in flight).
+fn split_gap(gap: (u64, u64), inflight: &[(u64, u64)]) -> (Vec<(u64, u64)>, bool) {
+    let (mut parts, mut busy) = (vec![(gap.0, gap.0 + gap.1)], false);
+    for &(a, b) in inflight {
+        let mut next = Vec::new();
+        for (s, e) in parts {
+            if b <= s || a >= e {
+                next.push((s, e));
+                continue;
+            }
+            busy = true;
+            if s < a {
+                next.push((s, a));
+            }
+            if b < e {
+                next.push((b, e));
+            }
+        }
+        parts = next;
+    }
+    (parts.into_iter().map(|(s, e)| (s, e - s)).collect(), busy)
+}
+
+pub struct Mirror {
+    pub dir: PathBuf,
+    /// URL of the folder at the resolved revision, ending in `/`.
+    pub base: String,
+    pub offline: bool,
+    pub http: Option<Http>,
+    shards: HashMap<String, Shard>,
+    /// Shard names in the order the index lists them.
+    pub shard_names: Vec<String>,
+}
+
+fn err(path: &Path, e: impl std::fmt::Display) -> String {
+    format!("{}: {e}", path.display())
+}
+
+/// Writes a whole file atomically (temp file in the same folder, fsync, rename).
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+    std::fs::write(&tmp, bytes).map_err(|e| err(&tmp, e))?;
+    File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| err(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| err(path, e))
+}
+
+fn read_json(path: &Path) -> Option<Value> {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+}
+
+impl Mirror {
+    /// Resolves `location` (a remote one) into a mirror folder with every small file and every
+    /// shard header present. Offline, only what the cache holds is used.
+    pub fn open(location: &Location, options: &RemoteOptions) -> Result<Mirror, String> {
+        let (token, token_host) = location.credentials();
+        let http = if options.offline {
+            None
+        } else {
+            Some(Http::new(token, token_host, RetryPolicy::from_env())?)
+        };
+        let (dir, base) = location.resolve(options, http.as_ref())?;
+        std::fs::create_dir_all(&dir).map_err(|e| err(&dir, e))?;
+        let mut mirror = Mirror {
+            dir,
+            base,
+            offline: options.offline,
+            http,
+            shards: HashMap::new(),
+            shard_names: Vec::new(),
+        };
+        mirror.fetch_small_files(location, options)?;
+        mirror.open_shards(location, options)?;
+        Ok(mirror)
+    }
+
+    fn url(&self, file: &str) -> String {
+        format!("{}{file}", self.base)
+    }
+
+    fn fetch_small_files(&self, location: &Location, options: &RemoteOptions) -> Result<(), String> {
+        let absent_path = self.dir.join(ABSENT_FILE);
+        let mut absent: Vec<String> = read_json(&absent_path)
+            .and_then(|v| serde_json::from_value(v).ok())
+            .unwrap_or_default();
+        let mut changed = false;
+        for &name in SMALL_FILES {
+            let path = self.dir.join(name);
+            if path.exists() || absent.iter().any(|a| a == name) {
+                continue;
+            }
+            if let Some(found) = location.hf_cached_file(options, &self.dir, name) {
+                std::fs::copy(&found, &path).map_err(|e| err(&path, e))?;
+                continue;
+            }
+            let Some(http) = &self.http else {
+                if name == "config.json" {
+                    return Err(format!(
+                        "offline, and {} is not in the cache ({}): run once online or `strata pull` it first",
+                        location.describe(),
+                        self.dir.display()
+                    ));
+                }
+                continue;
+            };
+            match http.get(&self.url(name)) {
+                Ok(f) => write_atomic(&path, &f.body)?,
+                Err(e) if e.not_found && name != "config.json" => {
+                    absent.push(name.to_string());
+                    changed = true;
+                }
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        if changed {
+            write_atomic(
+                &absent_path,
+                serde_json::to_string(&absent).expect("json").as_bytes(),
+            )?;
+        }
+        Ok(())
+    }
+
+    fn open_shards(&mut self, location: &Location, options: &RemoteOptions) -> Result<(), String> {
+        let index = self.dir.join(strata_formats::INDEX_FILE);
+        let names: Vec<String> = if index.exists() {
+            let v = read_json(&index).ok_or_else(|| err(&index, "not valid JSON"))?;
+            let mut names: Vec<String> = v
+                .get("weight_map")
+                .and_then(Value::as_object)
+                .ok_or_else(|| err(&index, "no weight_map"))?
+                .values()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect();
+            names.sort();
+            names.dedup();
+            names
+        } else {
+            vec![strata_formats::SINGLE_FILE.to_string()]
+        };
+        for name in &names {
+            if name.contains('/') || name.contains("..") {
+                return Err(format!(
+                    "{}: shard name `{name}` is not a plain file name",
+                    index.display()
+                ));
+            }
+            let path = self.dir.join(name);
+            let journal_path = self.dir.join(format!("{name}{RUNS_SUFFIX}"));
+            let hf = location.hf_cached_file(options, &self.dir, name);
+            let complete = hf.is_some();
+            if let Some(found) = hf {
+                if !path.exists() {
+                    std::os::unix::fs::symlink(&found, &path).map_err(|e| err(&path, e))?;
+                }
+            } else if !path.exists() {
+                let http = self.http.as_ref().ok_or_else(|| {
+                    format!(
+                        "offline, and shard {name} of {} is not in the cache",
+                        location.describe()
+                    )
+                })?;
+                // The first 8 bytes give the header length and, in Content-Range, the file size.
+                let f = http.get_range(&self.url(name), 0, 8).map_err(|e| e.to_string())?;
+                let total = f
+                    .total
+                    .ok_or_else(|| format!("{}: no file size in Content-Range", self.url(name)))?;
+                let meta = serde_json::json!({
+                    "size": total,
+                    "sha256": f.headers.get("x-linked-etag").and_then(|v| v.to_str().ok())
+                        .map(|s| s.trim_matches('"').to_string()),
+                    "url": self.url(name),
+                });
+                write_atomic(
+                    &self.dir.join(format!("{name}{META_SUFFIX}")),
+                    meta.to_string().as_bytes(),
+                )?;
+                let tmp = path.with_extension("strata-new");
+                let data = OpenOptions::new()
+                    .create(true)
+                    .truncate(true)
+                    .write(true)
+                    .open(&tmp)
+                    .map_err(|e| err(&tmp, e))?;
+                data.set_len(total).map_err(|e| err(&tmp, e))?;
+                data.write_all_at(&f.body, 0).map_err(|e| err(&tmp, e))?;
+                data.sync_all().map_err(|e| err(&tmp, e))?;
+                let _ = std::fs::remove_file(&journal_path);
+                std::fs::rename(&tmp, &path).map_err(|e| err(&path, e))?;
+                let mut j = Journal::open(&journal_path).map_err(|e| err(&journal_path, e))?;
+                j.append(Run {
+                    offset: 0,
+                    len: 8,
+                    xxh3: xxhash_rust::xxh3::xxh3_64(&f.body),
+                })
+                .map_err(|e| err(&journal_path, e))?;
+            }
+            let data = OpenOptions::new()
+                .read(true)
+                .write(!complete)
+                .open(&path)
+                .map_err(|e| err(&path, e))?;
+            let journal = Journal::open(&journal_path).map_err(|e| err(&journal_path, e))?;
+            self.shards.insert(
+                name.clone(),
+                Shard {
+                    state: Mutex::new(ShardState {
+                        data,
+                        journal,
+                        complete,
+                        inflight: Vec::new(),
+                    }),
+                    fetched: std::sync::Condvar::new(),
+                },
+            );
+            // The header: its length, then the header itself.
+            self.ensure(name, 0, 8)?;
+            let mut len = [0u8; 8];
+            self.read_at(name, &mut len, 0)?;
+            let n = u64::from_le_bytes(len);
+            let size = std::fs::metadata(&path).map_err(|e| err(&path, e))?.len();
+            if n == 0 || 8 + n > size {
+                return Err(format!(
+                    "{}: header length {n} does not fit the {size}-byte file",
+                    self.url(name)
+                ));
+            }
+            self.ensure(name, 8, n)?;
+        }
+        self.shard_names = names;
+        Ok(())
+    }
+
+    fn read_at(&self, name: &str, buf: &mut [u8], offset: u64) -> Result<(), String> {
+        let st = self.shards[name].state.lock().expect("shard lock");
+        st.data
+            .read_exact_at(buf, offset)
+            .map_err(|e| format!("{}/{name}: {e}", self.dir.display()))
+    }
+
+    /// The runs of `name` not yet present within [offset, offset + len).
+    pub fn missing(&self, name: &str, offset: u64, len: u64) -> Result<Vec<(u64, u64)>, String> {
+        let st = self
+            .shards
+            .get(name)
+            .ok_or_else(|| format!("{name} is not a shard of {}", self.dir.display()))?;
+        let mut st = st.state.lock().expect("shard lock");
+        if st.complete {
+            return Ok(Vec::new());
+        }
+        let gaps = st.journal.missing(offset, len);
+        if gaps.is_empty() {
+            return Ok(gaps);
+        }
+        // Another process may have filled them.
+        st.journal.refresh().map_err(|e| err(st.journal.path(), e))?;
+        Ok(st.journal.missing(offset, len))
+    }
+
+    /// Fetches one missing run, writes and syncs it, then records it.
+    fn fetch_run(&self, name: &str, offset: u64, len: u64) -> Result<(), String> {
+        let http = self.http.as_ref().ok_or_else(|| {
+            format!(
+                "offline: bytes {offset}..{} of {name} are not in the cache ({})",
+                offset + len,
+                self.dir.display()
+            )
+        })?;
+        let f = http
+            .get_range(&self.url(name), offset, len)
+            .map_err(|e| e.to_string())?;
+        let meta = read_json(&self.dir.join(format!("{name}{META_SUFFIX}")));
+        if let (Some(total), Some(size)) = (f.total, meta.as_ref().and_then(|m| m["size"].as_u64())) {
+            if total != size {
+                return Err(format!(
+                    "{}: the file is now {total} bytes, not the {size} it was when cached (changed on the server?)",
+                    self.url(name)
+                ));
+            }
+        }
+        let st = &self.shards[name].state;
+        let data = {
+            st.lock()
+                .expect("shard lock")
+                .data
+                .try_clone()
+                .map_err(|e| e.to_string())?
+        };
+        data.write_all_at(&f.body, offset)
+            .map_err(|e| format!("{name}: {e}"))?;
+        data.sync_data().map_err(|e| format!("{name}: {e}"))?;
+        let mut st = st.lock().expect("shard lock");
+        st.journal
+            .append(Run {
+                offset,
+                len,
+                xxh3: xxhash_rust::xxh3::xxh3_64(&f.body),
+            })
+            .map_err(|e| err(st.journal.path(), e))
+    }
+
+    /// Range requests that returned data so far (one per contiguous missing run).
+    pub fn range_requests(&self) -> u64 {
+        self.http
+            .as_ref()
+            .map_or(0, |h| h.range_requests.load(Ordering::Relaxed))
+    }
+
+    pub fn bytes_fetched(&self) -> u64 {
+        self.http.as_ref().map_or(0, |h| h.bytes.load(Ordering::Relaxed))
+    }
+
+    /// (bytes present, file size) of a shard.
+    pub fn shard_coverage(&self, name: &str) -> (u64, u64) {
+        let st = self.shards[name].state.lock().expect("shard lock");
+        let size = st.data.metadata().map(|m| m.len()).unwrap_or(0);
+        if st.complete {
+            (size, size)
+        } else {
+            (st.journal.covered_bytes().min(size), size)
+        }
+    }
+}
+
+impl RangeSource for Mirror {
+    /// Fetches the missing runs of the range, each with one request; runs another thread is
+    /// fetching already are waited for, not asked for twice.
+    fn ensure(&self, file: &str, offset: u64, len: u64) -> Result<(), String> {
+        if len == 0 {
+            return Ok(());
+        }
+        let shard = self
+            .shards
+            .get(file)
+            .ok_or_else(|| format!("{file} is not a shard of {}", self.dir.display()))?;
+        loop {
+            let gaps = self.missing(file, offset, len)?;
+            if gaps.is_empty() {
+                return Ok(());
+            }
+            let mut st = shard.state.lock().expect("shard lock");
+            let (mut mine, mut busy) = (Vec::new(), false);
+            for gap in st.journal.missing(offset, len) {
+                let (parts, b) = split_gap(gap, &st.inflight);
+                busy |= b;
+                mine.extend(parts);
+            }
+            if mine.is_empty() {
+                if busy {
+                    drop(shard.fetched.wait(st).expect("shard lock"));
+                }
+                continue;
+            }
+            st.inflight.extend(mine.iter().map(|&(a, n)| (a, a + n)));
+            drop(st);
+            let mut result = Ok(());
+            for &(a, n) in &mine {
+                if result.is_ok() {
+                    result = self.fetch_run(file, a, n);
+                }
+            }
+            let mut st = shard.state.lock().expect("shard lock");
+            st.inflight
+                .retain(|r| !mine.iter().any(|&(a, n)| *r == (a, a + n)));
+            drop(st);
+            shard.fetched.notify_all();
+            result?;
+        }
+    }
+}
+
+/// Opens a model location: a local folder as it is, or a remote one through its mirror.
+pub fn open_location(spec: &str, options: &RemoteOptions) -> Result<(PathBuf, Option<Arc<Mirror>>), String> {
+    match Location::parse(spec) {
+        Location::Local(path) => Ok((path, None)),
+        remote => {
+            let mirror = Mirror::open(&remote, options)?;
+            Ok((mirror.dir.clone(), Some(Arc::new(mirror))))
+        }
+    }
+}
