@@ -176,6 +176,15 @@ impl Journal {
         total
     }
 
+    /// Forgets every run (the data file was created anew).
+    pub fn reset(&mut self) -> std::io::Result<()> {
+        let _lock = Locked::new(&self.file)?;
+        self.file.set_len(0)?;
+        self.file.sync_all()?;
+        self.runs.clear();
+        Ok(())
+    }
+
     /// Records a run whose bytes are already written and synced to the data file.
     pub fn append(&mut self, run: Run) -> std::io::Result<()> {
         let _lock = Locked::new(&self.file)?;

@@ -231,7 +231,7 @@ impl Mirror {
                     &self.dir.join(format!("{name}{META_SUFFIX}")),
                     meta.to_string().as_bytes(),
                 )?;
-                let tmp = path.with_extension("strata-new");
+                let tmp = path.with_extension(format!("strata-new-{}", std::process::id()));
                 let data = OpenOptions::new()
                     .create(true)
                     .truncate(true)
@@ -241,15 +241,21 @@ impl Mirror {
                 data.set_len(total).map_err(|e| err(&tmp, e))?;
                 data.write_all_at(&f.body, 0).map_err(|e| err(&tmp, e))?;
                 data.sync_all().map_err(|e| err(&tmp, e))?;
-                let _ = std::fs::remove_file(&journal_path);
-                std::fs::rename(&tmp, &path).map_err(|e| err(&path, e))?;
-                let mut j = Journal::open(&journal_path).map_err(|e| err(&journal_path, e))?;
-                j.append(Run {
-                    offset: 0,
-                    len: 8,
-                    xxh3: xxhash_rust::xxh3::xxh3_64(&f.body),
-                })
-                .map_err(|e| err(&journal_path, e))?;
+                // Another process may create the same shard at the same moment: the first link
+                // wins and only the winner starts its record afresh (a record left from an
+                // earlier file of that name must not be trusted for this one).
+                let won = std::fs::hard_link(&tmp, &path).is_ok();
+                let _ = std::fs::remove_file(&tmp);
+                if won {
+                    let mut j = Journal::open(&journal_path).map_err(|e| err(&journal_path, e))?;
+                    j.reset().map_err(|e| err(&journal_path, e))?;
+                    j.append(Run {
+                        offset: 0,
+                        len: 8,
+                        xxh3: xxhash_rust::xxh3::xxh3_64(&f.body),
+                    })
+                    .map_err(|e| err(&journal_path, e))?;
+                }
             }
             let data = OpenOptions::new()
                 .read(true)

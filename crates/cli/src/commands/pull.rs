@@ -21,8 +21,12 @@ pub enum Experts {
 
 #[derive(clap::Args)]
 pub struct PullArgs {
-    #[command(flatten)]
-    model: ModelArg,
+    /// `hf://ORG/NAME[@REVISION]` or an `http(s)://` folder URL.
+    #[arg(value_name = "MODEL")]
+    model: String,
+    /// Cache for remote models. Default: $XDG_CACHE_HOME/strata or ~/.cache/strata.
+    #[arg(long, value_name = "DIR")]
+    cache_dir: Option<std::path::PathBuf>,
     /// Which routed experts to fetch now.
     #[arg(long, value_enum, default_value_t = Experts::None)]
     experts: Experts,
@@ -32,7 +36,12 @@ pub struct PullArgs {
 const CHUNK: u64 = 64 << 20;
 
 pub fn pull(args: PullArgs) -> Result<()> {
-    let (dir, mirror) = args.model.open()?;
+    let model = ModelArg {
+        model: Some(args.model.clone()),
+        cache_dir: args.cache_dir.clone(),
+        offline: false,
+    };
+    let (dir, mirror) = model.open()?;
     let Some(mirror) = mirror else {
         bail!("{} is a local folder: there is nothing to pull", dir.display());
     };
@@ -111,7 +120,7 @@ pub fn pull(args: PullArgs) -> Result<()> {
         mirror
             .ensure(name, *at, *n)
             .map_err(anyhow::Error::msg)
-            .with_context(|| format!("pulling {}", args.model.describe()))?;
+            .with_context(|| format!("pulling {}", args.model))?;
         bar.inc(*n);
     }
     bar.finish_and_clear();
@@ -128,7 +137,7 @@ pub fn pull(args: PullArgs) -> Result<()> {
     }
     eprintln!(
         "[strata] pulled {} into {}: {:.1} MB in {} requests, {:.1} s",
-        args.model.describe(),
+        args.model,
         dir.display(),
         mirror.bytes_fetched() as f64 / 1e6,
         mirror.range_requests(),
