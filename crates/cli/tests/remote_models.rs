@@ -35,6 +35,34 @@ fn csv(ids: &[u32]) -> String {
 
 const KIMI: &[&str] = &["kimi-k3-tiny"];
 
+/// No byte of a file was asked for twice: every range request was for a run not yet present.
+fn assert_one_request_per_missing_run(server: &Nginx, name: &str) {
+    let log = std::fs::read_to_string(server.root.join("access.log")).unwrap();
+    let mut by_file: std::collections::HashMap<String, Vec<(u64, u64)>> = Default::default();
+    for line in log
+        .lines()
+        .filter(|l| l.starts_with("206 ") && l.contains(&format!("/test/{name}/")))
+    {
+        let (uri, range) = line[4..].split_once(" range=bytes=").expect("ranged log line");
+        let (a, b) = range.split_once('-').unwrap();
+        by_file
+            .entry(uri.to_string())
+            .or_default()
+            .push((a.parse().unwrap(), b.parse().unwrap()));
+    }
+    for (uri, mut ranges) in by_file {
+        ranges.sort_unstable();
+        for w in ranges.windows(2) {
+            assert!(
+                w[0].1 < w[1].0,
+                "{uri}: bytes {:?} and {:?} were both requested",
+                w[0],
+                w[1]
+            );
+        }
+    }
+}
+
 #[test]
 fn every_fixture_through_hf_matches_its_local_folder_then_offline() {
     let names: Vec<&str> = BF16_MODELS
@@ -113,7 +141,7 @@ fn every_fixture_through_hf_matches_its_local_folder_then_offline() {
         a
     };
     for (name, logits, run, want_logits, want_run) in &cases {
-        let before = server.requests(" 206 ");
+        let before = server.requests("206 ");
         let (ok, got, err) = strata(
             &with_cache(logits, &[])
                 .iter()
@@ -127,10 +155,11 @@ fn every_fixture_through_hf_matches_its_local_folder_then_offline() {
             &got, want_logits,
             "{name}: logits via hf:// differ from the local folder"
         );
-        let fetched = server.requests(" 206 ") - before;
+        let fetched = server.requests("206 ") - before;
         assert!(fetched > 0, "{name}: no range request was made");
+        assert_one_request_per_missing_run(&server, name);
         // Everything needed is cached now: the same run again makes no range request.
-        let before = server.requests(" 206 ");
+        let before = server.requests("206 ");
         let (ok, got, err) = strata(
             &with_cache(logits, &[])
                 .iter()
@@ -142,7 +171,7 @@ fn every_fixture_through_hf_matches_its_local_folder_then_offline() {
         assert!(ok, "{name} cached: {err}");
         assert_eq!(&got, want_logits);
         assert_eq!(
-            server.requests(" 206 "),
+            server.requests("206 "),
             before,
             "{name}: a fully cached run fetched again"
         );
@@ -207,4 +236,53 @@ fn every_fixture_through_hf_matches_its_local_folder_then_offline() {
     );
     assert!(!ok && err.contains("offline"), "{err}");
     server.resume();
+}
+
+/// A complete file already in the Hugging Face cache (`HF_HUB_CACHE` layout, same commit) is
+/// used read-only: no range request for its shards.
+#[test]
+fn files_in_the_hugging_face_cache_are_reused() {
+    let name = "qwen3-moe-tiny";
+    let server = Nginx::start("hfcache", &[("test/reuse", &fixture(name))]);
+    let hub = server.root.join("hub");
+    let snap = hub.join("models--test--reuse/snapshots").join(COMMIT);
+    std::fs::create_dir_all(&snap).unwrap();
+    for e in std::fs::read_dir(fixture(name)).unwrap() {
+        let e = e.unwrap();
+        if e.file_name().to_string_lossy().ends_with(".safetensors")
+            && !e.file_name().to_string_lossy().starts_with("golden")
+        {
+            std::os::unix::fs::symlink(e.path(), snap.join(e.file_name())).unwrap();
+        }
+    }
+    let g = golden(name);
+    let ids = csv(&as_u32s(&g["prompts"][0]["ids"]));
+    let local = fixture(name);
+    let (ok, want, err) = strata(
+        &["logits", "--model", local.to_str().unwrap(), "--ids", &ids],
+        "http://unused",
+        &[],
+    );
+    assert!(ok, "{err}");
+    let cache = server.root.join("cache");
+    let (ok, got, err) = strata(
+        &[
+            "logits",
+            "--model",
+            "hf://test/reuse",
+            "--ids",
+            &ids,
+            "--cache-dir",
+            cache.to_str().unwrap(),
+        ],
+        &server.endpoint(),
+        &[("HF_HUB_CACHE", hub.to_str().unwrap())],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(got, want);
+    assert_eq!(
+        server.requests("206 "),
+        0,
+        "shards in the HF cache were fetched anyway"
+    );
 }
