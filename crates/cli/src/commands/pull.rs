@@ -34,6 +34,8 @@ pub struct PullArgs {
 
 /// Requests of at most this many bytes (a progress step, and what an interruption loses).
 const CHUNK: u64 = 64 << 20;
+/// Requests in flight at once.
+const PARALLEL: usize = 8;
 
 pub fn pull(args: PullArgs) -> Result<()> {
     let model = ModelArg {
@@ -115,13 +117,31 @@ pub fn pull(args: PullArgs) -> Result<()> {
             .expect("progress template"),
     );
     let t0 = Instant::now();
-    for (name, at, n) in &jobs {
-        bar.set_message(name.clone());
-        mirror
-            .ensure(name, *at, *n)
-            .map_err(anyhow::Error::msg)
-            .with_context(|| format!("pulling {}", args.model))?;
-        bar.inc(*n);
+    // Several requests in flight (bounded), each chunk recorded as it lands.
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let failed: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+    std::thread::scope(|scope| {
+        for _ in 0..PARALLEL.min(jobs.len()).max(1) {
+            scope.spawn(|| loop {
+                if failed.lock().expect("pull lock").is_some() {
+                    return;
+                }
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some((name, at, n)) = jobs.get(i) else { return };
+                bar.set_message(name.clone());
+                match mirror.ensure(name, *at, *n) {
+                    Ok(()) => bar.inc(*n),
+                    Err(e) => {
+                        failed.lock().expect("pull lock").get_or_insert(e);
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    if let Some(e) = failed.into_inner().expect("pull lock") {
+        bar.abandon();
+        return Err(anyhow::Error::msg(e)).with_context(|| format!("pulling {}", args.model));
     }
     bar.finish_and_clear();
     if args.experts == Experts::All {
