@@ -236,3 +236,28 @@ def test_tool_call_round_trip(tools_model):
         assert streamed[-1].choices[0].finish_reason in ("stop", "length", "tool_calls")
     finally:
         s.stop()
+
+
+def test_kimi_k3_chat_through_xtml(fixtures_dir):
+    """K3 has no Jinja template: the prompt is XTML, and its think/response structure is parsed."""
+    model = fixtures_dir / "kimi-k3-tiny"
+    s = Server(model)
+    try:
+        c = s.client()
+        cli = run_cli(
+            "run", "--model", str(model), "--chat", "--prompt", "Why stream experts?", "--max-tokens", "10",
+            "--temperature", "0", "--ignore-eos", "--output", "json",
+        )
+        r = c.chat.completions.create(
+            model=model.name, messages=[{"role": "user", "content": "Why stream experts?"}], max_tokens=10,
+            temperature=0, logprobs=True, extra_body={"ignore_eos": True},
+        )
+        want = [run_cli("detokenize", "--model", str(model), "--ids", str(i))["text"] for i in cli["token_ids"]]
+        assert [e.token for e in r.choices[0].logprobs.content] == want
+        msg = r.choices[0].message
+        for text in (msg.content or "", getattr(msg, "reasoning_content", None) or ""):
+            assert "<|open|>" not in text and "<|sep|>" not in text
+        # The generation prompt opened a think element: what comes first is reasoning.
+        assert getattr(msg, "reasoning_content", None) or msg.content is not None
+    finally:
+        s.stop()

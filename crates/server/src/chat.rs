@@ -15,7 +15,7 @@ use strata_runtime::{Request, RequestExtras, TokenLogprobs};
 use strata_tokenizer::Tokenizer;
 
 use crate::api::{self, ApiError, ApiResult, Fields};
-use crate::parse::{OutputParser, Piece, ToolCall, ToolFormat};
+use crate::parse::{OutputParser, Piece, ThinkStyle, ToolCall, ToolFormat, XTML_STRUCTURE};
 use crate::scheduler::Event;
 use crate::stream::{self, check_model, json_body, next_event, submit, token_text, usage};
 use crate::AppState;
@@ -181,15 +181,33 @@ fn tools(f: &Fields<'_>) -> ApiResult<(Option<Value>, bool)> {
     Ok((tools, enabled))
 }
 
-/// Special-token texts to drop from content (the parser's own markers stay).
-fn strip_list(tok: &Tokenizer) -> Vec<String> {
+/// Special-token texts to drop from content (the parser's own markers stay), and XTML's
+/// structure around the answer.
+fn strip_list(tok: &Tokenizer, think: ThinkStyle) -> Vec<String> {
     let markers = ["<think>", "</think>", "<tool_call>", "</tool_call>"];
     let mut ids: Vec<u32> = tok.special_ids().into_iter().collect();
     ids.sort_unstable();
-    ids.into_iter()
+    let mut out: Vec<String> = ids
+        .into_iter()
         .filter_map(|id| tok.decode(&[id], false).ok())
         .filter(|t| !t.is_empty() && !markers.contains(&t.as_str()))
-        .collect()
+        .collect();
+    if think == ThinkStyle::Xtml {
+        out.extend(XTML_STRUCTURE.iter().map(|s| s.to_string()));
+    }
+    out
+}
+
+/// Kimi K3's XTML (no Jinja template, XTML's structural tokens) or `<think>` tags.
+fn think_style(tok: &Tokenizer) -> ThinkStyle {
+    if tok.chat_template().is_none()
+        && tok.token_to_id("<|open|>").is_some()
+        && tok.token_to_id("<|sep|>").is_some()
+    {
+        ThinkStyle::Xtml
+    } else {
+        ThinkStyle::Tags
+    }
 }
 
 fn logprob_entry(tok: Option<&Tokenizer>, id: u32, lp: &TokenLogprobs) -> Value {
@@ -214,6 +232,7 @@ fn tool_call_json(call: &ToolCall, k: usize, id_prefix: &str) -> Value {
 }
 
 struct Plan {
+    think: ThinkStyle,
     prompt_len: usize,
     n: usize,
     stream: bool,
@@ -286,15 +305,17 @@ async fn chat(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> ApiR
         .metrics
         .prompt_tokens
         .fetch_add(prompt.len() as u64, Ordering::Relaxed);
+    let think = think_style(tok);
     let plan = Plan {
+        think,
         prompt_len: prompt.len(),
         n: common.n,
         stream: common.stream,
         include_usage: common.include_usage,
         logprobs,
         tool_format: parse_tools.then(|| ToolFormat::detect(tok)),
-        in_reasoning: rendered.trim_end().ends_with("<think>"),
-        strip: strip_list(tok),
+        in_reasoning: think.prompt_opens_reasoning(&rendered),
+        strip: strip_list(tok, think),
     };
     if plan.stream {
         return Ok(stream_chat(state.clone(), plan, rx));
@@ -305,7 +326,12 @@ async fn chat(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> ApiR
     let mut out = Vec::with_capacity(choices.len());
     for (i, c) in choices.iter().enumerate() {
         completion_tokens += c.ids.len();
-        let mut parser = OutputParser::new(plan.tool_format, plan.in_reasoning, plan.strip.clone());
+        let mut parser = OutputParser::with_style(
+            plan.tool_format,
+            plan.think,
+            plan.in_reasoning,
+            plan.strip.clone(),
+        );
         let mut pieces = parser.push(&c.text);
         let (rest, calls) = parser.finish();
         pieces.extend(rest);
@@ -373,7 +399,14 @@ fn stream_chat(
             Piece::Reasoning(s) => json!({"reasoning_content": s}),
         };
         let mut parsers: Vec<OutputParser> = (0..plan.n)
-            .map(|_| OutputParser::new(plan.tool_format, plan.in_reasoning, plan.strip.clone()))
+            .map(|_| {
+                OutputParser::with_style(
+                    plan.tool_format,
+                    plan.think,
+                    plan.in_reasoning,
+                    plan.strip.clone(),
+                )
+            })
             .collect();
         for i in 0..plan.n {
             if !sink

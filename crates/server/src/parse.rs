@@ -65,8 +65,46 @@ pub enum Piece {
     Reasoning(String),
 }
 
+/// How a family marks reasoning: `<think>..</think>`, or Kimi K3's XTML elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ThinkStyle {
+    Tags,
+    Xtml,
+}
+
+const XTML_THINK_OPEN: &str = "<|open|>think<|sep|>";
+const XTML_THINK_CLOSE: &str = "<|close|>think<|sep|>";
+/// XTML structure around the answer, removed from content.
+pub const XTML_STRUCTURE: &[&str] = &[
+    "<|open|>response<|sep|>",
+    "<|close|>response<|sep|>",
+    "<|close|>message<|sep|>",
+];
+
+impl ThinkStyle {
+    fn open(self) -> &'static str {
+        match self {
+            ThinkStyle::Tags => THINK_OPEN,
+            ThinkStyle::Xtml => XTML_THINK_OPEN,
+        }
+    }
+
+    fn close(self) -> &'static str {
+        match self {
+            ThinkStyle::Tags => THINK_CLOSE,
+            ThinkStyle::Xtml => XTML_THINK_CLOSE,
+        }
+    }
+
+    /// Whether a rendered prompt leaves a reasoning block open.
+    pub fn prompt_opens_reasoning(self, rendered: &str) -> bool {
+        rendered.trim_end().ends_with(self.open())
+    }
+}
+
 pub struct OutputParser {
     tools: Option<ToolFormat>,
+    think: ThinkStyle,
     reasoning: bool,
     pending: String,
     /// The tool-call section so far, once it opened.
@@ -93,8 +131,18 @@ impl OutputParser {
     /// `tools`: parse tool calls in this format (None: tool calling is off). `in_reasoning`: the
     /// prompt left a `<think>` block open. `strip`: special-token texts to remove.
     pub fn new(tools: Option<ToolFormat>, in_reasoning: bool, strip: Vec<String>) -> OutputParser {
+        Self::with_style(tools, ThinkStyle::Tags, in_reasoning, strip)
+    }
+
+    pub fn with_style(
+        tools: Option<ToolFormat>,
+        think: ThinkStyle,
+        in_reasoning: bool,
+        strip: Vec<String>,
+    ) -> OutputParser {
         OutputParser {
             tools,
+            think,
             reasoning: in_reasoning,
             pending: String::new(),
             section: None,
@@ -103,7 +151,11 @@ impl OutputParser {
     }
 
     fn markers(&self) -> Vec<&str> {
-        let mut m: Vec<&str> = vec![if self.reasoning { THINK_CLOSE } else { THINK_OPEN }];
+        let mut m: Vec<&str> = vec![if self.reasoning {
+            self.think.close()
+        } else {
+            self.think.open()
+        }];
         if let Some(f) = self.tools {
             m.push(f.start());
         }
@@ -118,26 +170,47 @@ impl OutputParser {
             return out;
         }
         self.pending.push_str(text);
+        self.drain(&mut out, false);
+        out
+    }
+
+    /// Consumes the markers in `pending`, emitting the text around them. Unless `last`, text
+    /// that may still grow into a (longer) marker is kept back.
+    fn drain(&mut self, out: &mut Vec<Piece>, last: bool) {
         loop {
-            let found = self
-                .markers()
-                .into_iter()
+            let markers = self.markers();
+            let found = markers
+                .iter()
                 .filter_map(|m| self.pending.find(m).map(|at| (at, m.to_string())))
                 .min_by_key(|(at, m)| (*at, std::cmp::Reverse(m.len())));
             let Some((at, marker)) = found else { break };
+            // `<|close|>` may be the start of `<|close|>think<|sep|>`: wait for more text.
+            let tail = &self.pending[at..];
+            if !last
+                && markers
+                    .iter()
+                    .any(|m| m.len() > marker.len() && m.starts_with(tail))
+            {
+                break;
+            }
             let before = self.pending[..at].to_string();
-            push_piece(&mut out, self.reasoning, &before);
+            push_piece(out, self.reasoning, &before);
             let rest = self.pending[at + marker.len()..].to_string();
             self.pending.clear();
-            if marker == THINK_OPEN && !self.reasoning {
+            if marker == self.think.open() && !self.reasoning {
                 self.reasoning = true;
-            } else if marker == THINK_CLOSE && self.reasoning {
+            } else if marker == self.think.close() && self.reasoning {
                 self.reasoning = false;
             } else if self.tools.is_some_and(|f| f.start() == marker) {
                 self.section = Some(format!("{marker}{rest}"));
-                return out;
+                return;
             }
             self.pending = rest;
+        }
+        if last {
+            let rest = std::mem::take(&mut self.pending);
+            push_piece(out, self.reasoning, &rest);
+            return;
         }
         // Keep back the longest tail that could still begin a marker.
         let markers = self.markers();
@@ -151,15 +224,15 @@ impl OutputParser {
             .unwrap_or(0);
         let emit = self.pending[..self.pending.len() - hold].to_string();
         self.pending.drain(..self.pending.len() - hold);
-        push_piece(&mut out, self.reasoning, &emit);
-        out
+        push_piece(out, self.reasoning, &emit);
     }
 
     /// The end of the output: what was held back, and the tool calls (empty when none parsed).
     pub fn finish(&mut self) -> (Vec<Piece>, Vec<ToolCall>) {
         let mut out = Vec::new();
-        let pending = std::mem::take(&mut self.pending);
-        push_piece(&mut out, self.reasoning, &pending);
+        if self.section.is_none() {
+            self.drain(&mut out, true);
+        }
         let Some(section) = self.section.take() else {
             return (out, Vec::new());
         };
@@ -323,6 +396,24 @@ mod tests {
         let (_, _, calls) = run(&mut p, &[text]);
         assert_eq!(calls[0].id.as_deref(), Some("functions.get_weather:0"));
         assert_eq!(calls[0].name, "get_weather");
+    }
+
+    #[test]
+    fn kimi_k3_xtml_reasoning_and_response() {
+        let mut strip: Vec<String> = XTML_STRUCTURE.iter().map(|s| s.to_string()).collect();
+        strip.extend(["<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"].map(String::from));
+        let mut p = OutputParser::with_style(None, ThinkStyle::Xtml, true, strip);
+        let (c, r, _) = run(
+            &mut p,
+            &[
+                "weigh it",
+                "<|close|>",
+                "think<|sep|><|open|>",
+                "response<|sep|>Yes.",
+                "<|close|>response<|sep|><|close|>message<|sep|>",
+            ],
+        );
+        assert_eq!((c.as_str(), r.as_str()), ("Yes.", "weigh it"));
     }
 
     #[test]
