@@ -286,3 +286,71 @@ fn files_in_the_hugging_face_cache_are_reused() {
         "shards in the HF cache were fetched anyway"
     );
 }
+
+/// The hub redirects every file to a CDN on another host: the token goes to the hub only, and a
+/// file's redirect is remembered (one hub request per file, not per range).
+#[test]
+fn redirects_are_followed_remembered_and_never_carry_the_token() {
+    let name = "mixtral-tiny";
+    let cdn = Nginx::start("cdn", &[("test/r", &fixture(name))]);
+    // Same server, another host name: "localhost" is not the endpoint's "127.0.0.1".
+    let hub = common::faults::Redirector::start(format!("http://localhost:{}", cdn.port));
+    let g = golden(name);
+    let ids = csv(&as_u32s(&g["prompts"][0]["ids"]));
+    let (ok, want, err) = strata(
+        &[
+            "logits",
+            "--model",
+            fixture(name).to_str().unwrap(),
+            "--ids",
+            &ids,
+        ],
+        "http://unused",
+        &[],
+    );
+    assert!(ok, "{err}");
+    let cache = cdn.root.join("cache");
+    let (ok, got, err) = strata(
+        &[
+            "logits",
+            "--model",
+            "hf://test/r",
+            "--ids",
+            &ids,
+            "--cache-dir",
+            cache.to_str().unwrap(),
+        ],
+        &format!("http://127.0.0.1:{}", hub.port),
+        &[("HF_TOKEN", "hf_secret_token")],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(got, want);
+    assert!(!err.contains("hf_secret_token"), "the token was logged: {err}");
+    let seen = hub.seen.lock().unwrap().clone();
+    assert!(!seen.is_empty());
+    assert!(
+        seen.iter()
+            .all(|(_, auth)| auth.as_deref() == Some("Bearer hf_secret_token")),
+        "the hub must get the token: {seen:?}"
+    );
+    let log = std::fs::read_to_string(cdn.root.join("access.log")).unwrap();
+    assert!(log.lines().count() > 0);
+    assert!(
+        log.lines().all(|l| l.ends_with("auth=-")),
+        "the token reached the CDN:\n{log}"
+    );
+    // One hub request per file: its redirect is reused for every later range of that file.
+    let mut paths: Vec<&String> = seen.iter().map(|(p, _)| p).collect();
+    let n = paths.len();
+    paths.sort();
+    paths.dedup();
+    assert_eq!(
+        paths.len(),
+        n,
+        "a file's redirect was asked for more than once: {seen:?}"
+    );
+    assert!(
+        cdn.requests("206 ") > paths.len(),
+        "expected several ranges per file"
+    );
+}

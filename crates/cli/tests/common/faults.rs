@@ -222,3 +222,41 @@ impl Drop for FaultProxy {
         let _ = TcpStream::connect(("127.0.0.1", self.port));
     }
 }
+
+/// A "hub" that answers every request with a redirect to the same path on another host (as the
+/// Hugging Face hub sends LFS files to its CDN), recording each request's path and
+/// `Authorization` header.
+pub struct Redirector {
+    pub port: u16,
+    pub seen: Arc<Mutex<Vec<(String, Option<String>)>>>,
+}
+
+impl Redirector {
+    pub fn start(target_base: String) -> Redirector {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let seen2 = seen.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { continue };
+                let Some(req) = read_request(&mut conn) else {
+                    continue;
+                };
+                let auth = req
+                    .head
+                    .split("\r\n")
+                    .find(|l| l.to_ascii_lowercase().starts_with("authorization:"))
+                    .map(|l| l.split_once(':').unwrap().1.trim().to_string());
+                seen2.lock().unwrap().push((req.path.clone(), auth));
+                let reply = format!(
+                    "HTTP/1.1 302 Found\r\nLocation: {target_base}{}\r\nX-Repo-Commit: {}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                    req.path,
+                    super::nginx::COMMIT
+                );
+                let _ = conn.write_all(reply.as_bytes());
+            }
+        });
+        Redirector { port, seen }
+    }
+}

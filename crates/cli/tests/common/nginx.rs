@@ -55,7 +55,7 @@ impl Nginx {
             format!(
                 "daemon off;\nmaster_process off;\nworker_processes 1;\npid {r}/nginx.pid;\nerror_log {r}/error.log;\n{}\
                  events {{ worker_connections 256; }}\n\
-                 http {{\n  log_format ranged '$status $request_uri range=$http_range';\n  access_log {r}/access.log ranged;\n  client_body_temp_path {r}/tmp;\n  proxy_temp_path {r}/tmp;\n\
+                 http {{\n  log_format ranged '$status $request_uri range=$http_range auth=$http_authorization';\n  access_log {r}/access.log ranged;\n  client_body_temp_path {r}/tmp;\n  proxy_temp_path {r}/tmp;\n\
                    fastcgi_temp_path {r}/tmp;\n  uwsgi_temp_path {r}/tmp;\n  scgi_temp_path {r}/tmp;\n\
                    default_type application/octet-stream;\n\
                    server {{\n    listen 127.0.0.1:{port};\n    root {r}/www;\n\
