@@ -226,16 +226,19 @@ impl Drop for FaultProxy {
 /// A "hub" that answers every request with a redirect to the same path on another host (as the
 /// Hugging Face hub sends LFS files to its CDN), recording each request's path and
 /// `Authorization` header.
+/// (path, Authorization header) of each request a [`Redirector`] got.
+pub type Seen = Arc<Mutex<Vec<(String, Option<String>)>>>;
+
 pub struct Redirector {
     pub port: u16,
-    pub seen: Arc<Mutex<Vec<(String, Option<String>)>>>,
+    pub seen: Seen,
 }
 
 impl Redirector {
     pub fn start(target_base: String) -> Redirector {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
-        let seen = Arc::new(Mutex::new(Vec::new()));
+        let seen: Seen = Arc::new(Mutex::new(Vec::new()));
         let seen2 = seen.clone();
         std::thread::spawn(move || {
             for conn in listener.incoming() {
