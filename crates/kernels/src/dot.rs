@@ -70,6 +70,11 @@ pub(crate) fn has_avx2_fma_f16c() -> bool {
         && std::is_x86_feature_detected!("f16c")
 }
 
+/// How far ahead of the bytes being multiplied the SIMD kernels prefetch a row's weights. The
+/// hardware prefetcher alone left weights streamed from memory at 70-80 % of the bandwidth of a
+/// plain read; 1-8 KiB ahead measured 85-100 % (2 KiB chosen: well inside a row of real shapes).
+pub const PREFETCH_AHEAD: usize = 2048;
+
 /// Pairwise sum of 8 lanes in a fixed order (shared by the scalar and SIMD variants).
 #[inline]
 pub(crate) fn tree8(a: [f32; 8]) -> f32 {
@@ -130,6 +135,19 @@ pub mod x86 {
 
     use super::bf16_to_f32;
 
+    use super::PREFETCH_AHEAD;
+
+    /// Asks for the cache line `PREFETCH_AHEAD` bytes after `p` (a hint: never faults, even past
+    /// the end of the weights).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 (callers are AVX2 kernels).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub fn prefetch<T>(p: *const T) {
+        _mm_prefetch::<_MM_HINT_T0>((p as *const i8).wrapping_add(PREFETCH_AHEAD))
+    }
+
     pub fn dot_f32_avx2_entry(w: &[f32], x: &[f32]) -> f32 {
         // SAFETY: selected only when avx2 and fma were detected.
         unsafe { dot_f32_avx2(w, x) }
@@ -150,6 +168,7 @@ pub mod x86 {
         let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
         let mut i = 0;
         while i + 16 <= n {
+            prefetch(w.as_ptr().add(i));
             a0 = _mm256_fmadd_ps(
                 _mm256_loadu_ps(w.as_ptr().add(i)),
                 _mm256_loadu_ps(x.as_ptr().add(i)),
@@ -192,6 +211,7 @@ pub mod x86 {
         let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
         let mut i = 0;
         while i + 16 <= n {
+            prefetch(w.as_ptr().add(i));
             a0 = _mm256_fmadd_ps(
                 load_bf16x8(w.as_ptr().add(i)),
                 _mm256_loadu_ps(x.as_ptr().add(i)),
@@ -227,6 +247,7 @@ pub mod x86 {
         let mut a0 = _mm256_setzero_ps();
         let mut i = 0;
         while i + 8 <= n {
+            prefetch(w.as_ptr().add(i));
             let h = _mm_loadu_si128(w.as_ptr().add(i) as *const __m128i);
             a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(h), _mm256_loadu_ps(x.as_ptr().add(i)), a0);
             i += 8;

@@ -63,33 +63,47 @@ pub fn dot_fp8(w: &[u8], scales: &[f32], block: usize, x: &[f32]) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 pub mod x86 {
-    //! AVX2+FMA+F16C: an E4M3 byte moved into F16 bit positions is the same value times 2^-8
-    //! (normals and subnormals alike), so `cvtph` decodes 8 at a time and the 2^8 joins the scale.
+    //! AVX2+FMA: an E4M3 byte sign-extended and shifted into f32's bit positions is the same
+    //! value times 2^-120 (normals and subnormals alike), 8 at a time with three instructions.
     use std::arch::x86_64::*;
 
     pub fn dot_fp8_avx2_entry(w: &[u8], scales: &[f32], block: usize, x: &[f32]) -> f32 {
-        // SAFETY: selected only when avx2, fma and f16c were detected.
-        unsafe { dot_fp8_avx2(w, scales, block, x) }
+        // SAFETY: selected only when avx2 and fma were detected.
+        unsafe { dot_fp8_avx2::<false>(w, scales, block, x, x) }
     }
 
-    /// 16 E4M3 bytes -> two vectors of 8 f32 (times 2^-8): each byte goes to the high half of
-    /// a 16-bit lane (sign at bit 15), an arithmetic shift moves the magnitude to F16's place and
-    /// the mask clears the copied sign bit.
+    /// 8 E4M3 bytes -> 8 f32 at 2^-120 of their value: sign-extended to 32 bits, shifted so the
+    /// 7 magnitude bits land on f32's exponent + top mantissa bits (E4M3's exponent field is
+    /// then f32's, whose bias is 120 larger), the copies of the sign above bit 26 cleared but
+    /// bit 31. Exact for every code: subnormal codes become f32 subnormals of the same digits.
+    /// Without a prepared activation the weights are brought back by 2^120 (exact) before they
+    /// multiply, so no product lands among f32's subnormals.
     #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn decode16(p: *const u8) -> (__m256, __m256) {
-        let b = _mm_loadu_si128(p as *const __m128i);
-        let z = _mm_setzero_si128();
-        let mask = _mm_set1_epi16(0xbf80u16 as i16);
-        let lo = _mm_and_si128(_mm_srai_epi16(_mm_unpacklo_epi8(z, b), 1), mask);
-        let hi = _mm_and_si128(_mm_srai_epi16(_mm_unpackhi_epi8(z, b), 1), mask);
-        (_mm256_cvtph_ps(lo), _mm256_cvtph_ps(hi))
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn decode8<const PREPARED: bool>(p: *const u8) -> __m256 {
+        let v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i));
+        let bits = _mm256_and_si256(_mm256_slli_epi32(v, 20), _mm256_set1_epi32(0x87f0_0000u32 as i32));
+        let w = _mm256_castsi256_ps(bits);
+        if PREPARED {
+            w
+        } else {
+            _mm256_mul_ps(w, _mm256_set1_ps(f32::from_bits((127 + 120) << 23)))
+        }
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dot_fp8_avx2(w: &[u8], scales: &[f32], block: usize, x: &[f32]) -> f32 {
-        assert_eq!(w.len(), x.len());
+    /// With `PREPARED`, `xs` is x times 2^64 (`super::prepare`): products come out at 2^-56 of
+    /// their value and 2^56 joins each block's scale. Without it `xs` is x.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn dot_fp8_avx2<const PREPARED: bool>(
+        w: &[u8],
+        scales: &[f32],
+        block: usize,
+        x: &[f32],
+        xs: &[f32],
+    ) -> f32 {
+        assert!(w.len() == x.len() && xs.len() == x.len());
         assert!(scales.len() * block >= w.len());
+        let undo = if PREPARED { 72057594037927936.0 } else { 1.0 }; // 2^56
         let n = w.len();
         let (mut total0, mut total1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
         let mut tail = 0f32;
@@ -102,27 +116,25 @@ pub mod x86 {
             let mut acc = [_mm256_setzero_ps(); 4];
             let mut i = start;
             while i + 32 <= end {
-                let (w0, w1) = decode16(w.as_ptr().add(i));
-                let (w2, w3) = decode16(w.as_ptr().add(i + 16));
-                let xp = x.as_ptr().add(i);
-                acc[0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xp), acc[0]);
-                acc[1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xp.add(8)), acc[1]);
-                acc[2] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xp.add(16)), acc[2]);
-                acc[3] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xp.add(24)), acc[3]);
+                crate::dot::x86::prefetch(w.as_ptr().add(i));
+                let (wp, xp) = (w.as_ptr().add(i), xs.as_ptr().add(i));
+                for k in 0..4 {
+                    let wk = decode8::<PREPARED>(wp.add(8 * k));
+                    acc[k] = _mm256_fmadd_ps(wk, _mm256_loadu_ps(xp.add(8 * k)), acc[k]);
+                }
                 i += 32;
             }
-            while i + 16 <= end {
-                let (w0, w1) = decode16(w.as_ptr().add(i));
-                acc[0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x.as_ptr().add(i)), acc[0]);
-                acc[1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x.as_ptr().add(i + 8)), acc[1]);
-                i += 16;
+            while i + 8 <= end {
+                let wk = decode8::<PREPARED>(w.as_ptr().add(i));
+                acc[0] = _mm256_fmadd_ps(wk, _mm256_loadu_ps(xs.as_ptr().add(i)), acc[0]);
+                i += 8;
             }
             let sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
             let scale = scales[b];
             if b % 2 == 0 {
-                total0 = _mm256_fmadd_ps(sum, _mm256_set1_ps(scale * 256.0), total0);
+                total0 = _mm256_fmadd_ps(sum, _mm256_set1_ps(scale * undo), total0);
             } else {
-                total1 = _mm256_fmadd_ps(sum, _mm256_set1_ps(scale * 256.0), total1);
+                total1 = _mm256_fmadd_ps(sum, _mm256_set1_ps(scale * undo), total1);
             }
             let mut s = 0f32;
             while i < end {
@@ -135,6 +147,28 @@ pub mod x86 {
         }
         crate::dot::hsum256(_mm256_add_ps(total0, total1)) + tail
     }
+}
+
+/// Factor of the activation prepared for [`dot_fp8_prepared`]: 2^64 (exact; no f32 activation
+/// comes near 2^64 of range from overflow).
+const X_FACTOR: f32 = 18446744073709551616.0;
+
+/// The activation for [`dot_fp8_prepared`]: x times 2^64, so that the kernel's decoded weights
+/// (the true value times 2^-120, see `x86::dot_fp8_prepared_avx2`) multiply to products at 2^-56
+/// of their value, far from f32's subnormals.
+pub fn prepare(x: &[f32]) -> Vec<f32> {
+    x.iter().map(|v| v * X_FACTOR).collect()
+}
+
+/// The dot with an activation from [`prepare`]; equals [`dot_fp8_reference`] up to summation order.
+pub fn dot_fp8_prepared(w: &[u8], scales: &[f32], block: usize, x: &[f32], xs: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if crate::dot::has_avx2_fma_f16c() {
+        // SAFETY: avx2 and fma were detected.
+        return unsafe { x86::dot_fp8_avx2::<true>(w, scales, block, x, xs) };
+    }
+    let _ = xs;
+    dot_fp8_reference(w, scales, block, x)
 }
 
 #[cfg(test)]

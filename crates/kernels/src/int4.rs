@@ -5,6 +5,7 @@
 use std::sync::OnceLock;
 
 use crate::dot::bf16_to_f32;
+use crate::intdot::{self, IntAct};
 
 /// The signed value of element j of a packed row.
 #[inline]
@@ -96,108 +97,38 @@ pub mod x86 {
         }
         crate::dot::hsum256(total) + tail
     }
-
-    /// 8 words (64 inputs) per step: nibble k of every word, masked in place and converted,
-    /// multiplies the pre-scaled inputs 8i + k. Lanes 0-3 hold one group-half, lanes 4-7 the next.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn dot_int4_prepared_avx2(
-        packed: &[u32],
-        scales: &[u16],
-        group: usize,
-        x: &[f32],
-        p: &super::Int4Prepared,
-    ) -> f32 {
-        let n = x.len();
-        let blocked = super::blocked_len(n, group);
-        assert!(packed.len() * 8 >= n && scales.len() * group >= n && p.perm.len() >= blocked);
-        let mut total = _mm256_setzero_ps();
-        let shift = group.trailing_zeros(); // group is a power of two here: no division per block
-        for b in (0..blocked).step_by(64) {
-            let v = _mm256_loadu_si256(packed.as_ptr().add(b / 8) as *const __m256i);
-            let xp = p.perm.as_ptr().add(b);
-            let w = |k: i32| -> __m256 {
-                _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(0xf << (4 * k))))
-            };
-            let top = _mm256_cvtepi32_ps(_mm256_and_si256(
-                _mm256_srli_epi32(v, 4),
-                _mm256_set1_epi32(0x0f00_0000),
-            ));
-            let mut a0 = _mm256_mul_ps(w(0), _mm256_loadu_ps(xp));
-            let mut a1 = _mm256_mul_ps(w(1), _mm256_loadu_ps(xp.add(8)));
-            let mut a2 = _mm256_mul_ps(w(2), _mm256_loadu_ps(xp.add(16)));
-            let mut a3 = _mm256_mul_ps(w(3), _mm256_loadu_ps(xp.add(24)));
-            a0 = _mm256_fmadd_ps(w(4), _mm256_loadu_ps(xp.add(32)), a0);
-            a1 = _mm256_fmadd_ps(w(5), _mm256_loadu_ps(xp.add(40)), a1);
-            a2 = _mm256_fmadd_ps(w(6), _mm256_loadu_ps(xp.add(48)), a2);
-            a3 = _mm256_fmadd_ps(top, _mm256_loadu_ps(xp.add(56)), a3);
-            let sum = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
-            let sa = bf16_to_f32(*scales.get_unchecked(b >> shift));
-            let sb = bf16_to_f32(*scales.get_unchecked((b + 32) >> shift));
-            let sv = _mm256_set_m128(_mm_set1_ps(sb), _mm_set1_ps(sa));
-            total = _mm256_fmadd_ps(sum, sv, total);
-        }
-        // The -8 of every blocked weight, once per group.
-        let mut offset = 0f32;
-        for (g, s) in p.group_sums.iter().enumerate() {
-            offset += bf16_to_f32(scales[g]) * s;
-        }
-        let mut tail = 0f32;
-        for j in blocked..n {
-            tail += super::int4_at(packed, j) as f32 * x[j] * bf16_to_f32(scales[j / group]);
-        }
-        crate::dot::hsum256(total) - 8.0 * offset + tail
-    }
 }
 
-/// An activation prepared for [`dot_int4_prepared`]: x in nibble-major order per block of 64
-/// inputs (vector k holds inputs 8i + k, pre-scaled by 2^-4k so a nibble masked in place needs no
-/// shift), and the sum of x over each group's blocked part (the `-8` offset is applied once per
-/// group instead of once per weight).
-pub struct Int4Prepared {
-    pub perm: Vec<f32>,
-    pub group_sums: Vec<f32>,
+/// The activation quantized for [`dot_int4_prepared`] (see [`crate::intdot`]); `None` when the group
+/// is not a power-of-two multiple of 32 or the row has no whole block of 64.
+pub fn prepare(x: &[f32], group: usize) -> Option<IntAct> {
+    let fast = group.is_multiple_of(32) && group.is_power_of_two() && x.len() >= intdot::BLOCK;
+    fast.then(|| intdot::prepare(x, 8, 1.0))
 }
 
-/// Blocks of 64 inputs the fast kernel covers (the rest is the scalar tail).
-fn blocked_len(n: usize, group: usize) -> usize {
-    if group.is_multiple_of(32) && group.is_power_of_two() {
-        n / 64 * 64
-    } else {
-        0
-    }
-}
-
-fn nibble_scale(k: usize) -> f32 {
-    // Nibble k is masked in place (value n * 2^4k), except the top one, shifted down by 4 first.
-    if k == 7 {
-        2f32.powi(-24)
-    } else {
-        2f32.powi(-4 * k as i32)
-    }
-}
-
-pub fn prepare(x: &[f32], group: usize) -> Int4Prepared {
-    let blocked = blocked_len(x.len(), group);
-    let mut perm = Vec::with_capacity(blocked);
-    for b in (0..blocked).step_by(64) {
-        for k in 0..8 {
-            let s = nibble_scale(k);
-            perm.extend((0..8).map(|i| x[b + 8 * i + k] * s));
-        }
-    }
-    let mut group_sums = vec![0f32; x.len().div_ceil(group)];
-    for (j, v) in x[..blocked].iter().enumerate() {
-        group_sums[j / group] += v;
-    }
-    Int4Prepared { perm, group_sums }
-}
-
-/// The dot with an activation from [`prepare`]; equals [`dot_int4_reference`] up to summation order.
-pub fn dot_int4_prepared(packed: &[u32], scales: &[u16], group: usize, x: &[f32], p: &Int4Prepared) -> f32 {
+/// The dot with an activation from [`prepare`]: the whole blocks in integers (16-bit activation),
+/// the rest exactly as [`dot_int4_reference`].
+pub fn dot_int4_prepared(packed: &[u32], scales: &[u16], group: usize, x: &[f32], p: Option<&IntAct>) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if crate::dot::has_avx2_fma_f16c() && blocked_len(x.len(), group) > 0 {
-        // SAFETY: avx2 and fma were detected.
-        return unsafe { x86::dot_int4_prepared_avx2(packed, scales, group, x, p) };
+    if let Some(a) = p {
+        if crate::dot::has_avx2_fma_f16c() {
+            let blocked = a.blocks * intdot::BLOCK;
+            assert!(packed.len() * 8 >= x.len() && scales.len() * group >= x.len() && blocked <= x.len());
+            // SAFETY: u32 words are little-endian bytes on x86; the byte view covers the same memory.
+            let bytes = unsafe { std::slice::from_raw_parts(packed.as_ptr() as *const u8, packed.len() * 4) };
+            let s = if group == 32 {
+                intdot::x86::Scales::Bf16Group32(scales)
+            } else {
+                intdot::x86::Scales::Bf16Wide(scales, group.trailing_zeros())
+            };
+            // SAFETY: avx2 and fma were detected.
+            let head = unsafe { intdot::x86::dot_avx2(bytes, s, None, a) };
+            let mut tail = 0f32;
+            for j in blocked..x.len() {
+                tail += int4_at(packed, j) as f32 * x[j] * bf16_to_f32(scales[j / group]);
+            }
+            return head + tail;
+        }
     }
     let _ = p;
     dot_int4_reference(packed, scales, group, x)

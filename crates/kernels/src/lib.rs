@@ -12,6 +12,7 @@ pub mod dot;
 pub mod fp8;
 pub mod int4;
 pub mod int8;
+pub mod intdot;
 mod linear;
 pub mod mxfp4;
 

@@ -4,6 +4,8 @@
 
 use std::sync::OnceLock;
 
+use crate::intdot::{self, IntAct};
+
 pub const GROUP: usize = 32;
 
 /// The 16 E2M1 code values.
@@ -121,95 +123,37 @@ pub mod x86 {
         }
         crate::dot::hsum256(total) + tail
     }
-
-    /// Codes become BF16 bit patterns of twice their value through two byte lookups (high and low
-    /// byte), then F32 by zero-extending below: no int->float conversion on the hot path.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn dot_mxfp4_prepared_avx2(packed: &[u8], scales: &[u8], x: &[f32], xp: &[f32]) -> f32 {
-        let n = x.len();
-        let whole = n / super::GROUP;
-        assert!(
-            packed.len() * 2 >= n && scales.len() * super::GROUP >= n && xp.len() >= whole * super::GROUP
-        );
-        // High and low bytes of BF16(2 x E2M1 value) for each code: 0,1,2,3,4,6,8,12 and negatives.
-        const HI: [u8; 16] = [
-            0x00, 0x3f, 0x40, 0x40, 0x40, 0x40, 0x41, 0x41, 0x80, 0xbf, 0xc0, 0xc0, 0xc0, 0xc0, 0xc1, 0xc1,
-        ];
-        const LO: [u8; 16] = [
-            0x00, 0x80, 0x00, 0x40, 0x80, 0xc0, 0x00, 0x40, 0x00, 0x80, 0x00, 0x40, 0x80, 0xc0, 0x00, 0x40,
-        ];
-        let hi_lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(HI.as_ptr() as *const __m128i));
-        let lo_lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(LO.as_ptr() as *const __m128i));
-        let low = _mm256_set1_epi8(0x0f);
-        let zero = _mm256_setzero_si256();
-        let mut total = _mm256_setzero_ps();
-        for g in 0..whole {
-            let b = _mm_loadu_si128(packed.as_ptr().add(g * 16) as *const __m128i);
-            // Lane 0: even columns (low nibbles), lane 1: odd columns (high nibbles).
-            let codes = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), low);
-            let hi = _mm256_shuffle_epi8(hi_lut, codes);
-            let lo = _mm256_shuffle_epi8(lo_lut, codes);
-            let h0 = _mm256_unpacklo_epi8(lo, hi); // bf16: cols 2k (k<8) | 2k+1 (k<8)
-            let h1 = _mm256_unpackhi_epi8(lo, hi); // bf16: cols 2k (k>=8) | 2k+1 (k>=8)
-            let p = xp.as_ptr().add(g * super::GROUP);
-            let w0 = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, h0));
-            let w1 = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, h0));
-            let w2 = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, h1));
-            let w3 = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, h1));
-            let s01 = _mm256_fmadd_ps(
-                w1,
-                _mm256_loadu_ps(p.add(8)),
-                _mm256_mul_ps(w0, _mm256_loadu_ps(p)),
-            );
-            let s23 = _mm256_fmadd_ps(
-                w3,
-                _mm256_loadu_ps(p.add(24)),
-                _mm256_mul_ps(w2, _mm256_loadu_ps(p.add(16))),
-            );
-            let scale = super::e8m0_to_f32(*scales.get_unchecked(g)) * 0.5;
-            total = _mm256_fmadd_ps(_mm256_add_ps(s01, s23), _mm256_set1_ps(scale), total);
-        }
-        let mut tail = 0f32;
-        if whole * super::GROUP < n {
-            let mut s = 0f32;
-            for i in whole * super::GROUP..n {
-                s += super::E2M1[super::code_at(packed, i) as usize] * x[i];
-            }
-            tail = s * super::e8m0_to_f32(scales[whole]);
-        }
-        crate::dot::hsum256(total) + tail
-    }
 }
 
-/// The order in which the fast kernel decodes a group's 32 columns: within each run of 8 outputs
-/// it yields columns [0, 2, 4, 6, 1, 3, 5, 7] (+ 8m); [`prepare`] permutes x to match, once per
-/// activation, so decoding needs no shuffles back into column order.
-const PERM8: [usize; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
+/// Each code as an unsigned byte for the integer kernel: twice its value plus 12 (0..=24).
+pub const INTDOT_LUT: [u8; 16] = [12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0];
 
-/// x permuted for [`dot_mxfp4_prepared`] (whole groups only; a partial last group reads `x`).
-pub fn prepare(x: &[f32]) -> Vec<f32> {
-    let whole = x.len() / GROUP * GROUP;
-    let mut p = Vec::with_capacity(whole);
-    for g in (0..whole).step_by(GROUP) {
-        // Vectors: [even cols 0..8 | odd cols 0..8], then cols 8..16, 16..24, 24..32 likewise.
-        for half in 0..2 {
-            for quarter in 0..2 {
-                let base = g + half * 16 + quarter * 8;
-                p.extend(PERM8.iter().map(|&c| x[base + c]));
-            }
-        }
-    }
-    p
+/// The activation quantized for [`dot_mxfp4_prepared`] (see [`crate::intdot`]); `None` when the row
+/// has no whole block of 64.
+pub fn prepare(x: &[f32]) -> Option<IntAct> {
+    (x.len() >= intdot::BLOCK).then(|| intdot::prepare(x, 12, 0.5))
 }
 
-/// The dot with an activation from [`prepare`]; equals [`dot_mxfp4_reference`] up to summation order.
-pub fn dot_mxfp4_prepared(packed: &[u8], scales: &[u8], x: &[f32], prepared: &[f32]) -> f32 {
+/// The dot with an activation from [`prepare`]: the whole blocks in integers (16-bit activation),
+/// the rest exactly as [`dot_mxfp4_reference`].
+pub fn dot_mxfp4_prepared(packed: &[u8], scales: &[u8], x: &[f32], p: Option<&IntAct>) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if crate::dot::has_avx2_fma_f16c() {
-        // SAFETY: avx2 and fma were detected.
-        return unsafe { x86::dot_mxfp4_prepared_avx2(packed, scales, x, prepared) };
+    if let Some(a) = p {
+        if crate::dot::has_avx2_fma_f16c() {
+            let blocked = a.blocks * intdot::BLOCK;
+            assert!(packed.len() * 2 >= x.len() && scales.len() * GROUP >= x.len() && blocked <= x.len());
+            // SAFETY: avx2 and fma were detected.
+            let head = unsafe {
+                intdot::x86::dot_avx2(packed, intdot::x86::Scales::E8m0(scales), Some(&INTDOT_LUT), a)
+            };
+            let mut tail = 0f32;
+            for j in blocked..x.len() {
+                tail += E2M1[code_at(packed, j) as usize] * x[j] * e8m0_to_f32(scales[j / GROUP]);
+            }
+            return head + tail;
+        }
     }
-    let _ = prepared;
+    let _ = p;
     dot_mxfp4_reference(packed, scales, x)
 }
 
@@ -258,6 +202,28 @@ mod tests {
         assert_eq!(dot_mxfp4_reference(&packed, &[0], &x), 2f32.powi(-128));
         x[0] = 2f32.powi(-100);
         assert_eq!(dot_mxfp4(&packed, &[254], &x), 2f32.powi(26));
+    }
+
+    #[test]
+    fn prepared_kernel_keeps_the_scale_edges() {
+        // One block; x = 1 at column 0 only, so the 16-bit activation holds it exactly and only
+        // f32 rounding of the step remains.
+        let mut x = vec![0f32; 64];
+        x[0] = 1.0;
+        let packed = vec![0x02u8; 32]; // even columns 1.0, odd columns 0
+        let p = prepare(&x);
+        for (e, want) in [
+            (0u8, 2f64.powi(-127)),
+            (1, 2f64.powi(-126)),
+            (127, 1.0),
+            (254, 2f64.powi(127)),
+        ] {
+            let got = dot_mxfp4_prepared(&packed, &[e, e], &x, p.as_ref()) as f64;
+            assert!(
+                (got - want).abs() <= 1e-6 * want,
+                "scale byte {e}: {got} vs {want}"
+            );
+        }
     }
 
     #[test]

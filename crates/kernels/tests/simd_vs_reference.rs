@@ -4,8 +4,12 @@
 //!
 //! Tolerance: both sides sum the same products of f32 values in different orders; the error of
 //! such a sum is bounded by n * eps * sum|w_i x_i|, so we allow 4 * n * 2^-24 * sum|w x| + 1e-30.
+//! The 4-bit formats' matrix products put the activation into integers, q + r / 256 steps per
+//! input with step = max|x of its 32| / 32639 (`strata_kernels::intdot`): each input moves by at
+//! most 1/512 of its step, so they may differ from the exact dot by a further
+//! sum_j |w_j| * step_j / 512.
 
-use strata_kernels::{dot, fp8, int4, int8, mxfp4, Linear, WeightData};
+use strata_kernels::{dot, fp8, int4, int8, intdot, mxfp4, Linear, WeightData};
 
 struct Rand(u64);
 
@@ -30,6 +34,18 @@ impl Rand {
 fn bound(w: &[f32], x: &[f32]) -> f64 {
     let mag: f64 = w.iter().zip(x).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
     4.0 * w.len() as f64 * f64::from(f32::EPSILON) * mag + 1e-30
+}
+
+/// The most the integer activation of the 4-bit kernels can move a dot of row w with x.
+fn intdot_bound(w: &[f32], x: &[f32]) -> f64 {
+    let blocked = x.len() / intdot::BLOCK * intdot::BLOCK;
+    let mut total = 0f64;
+    for (h, xs) in x[..blocked].chunks_exact(32).enumerate() {
+        let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
+        let wsum: f64 = w[32 * h..32 * h + 32].iter().map(|v| v.abs() as f64).sum();
+        total += wsum * amax / intdot::QMAX as f64 / 512.0;
+    }
+    total * 1.001
 }
 
 fn exact(w: &[f32], x: &[f32]) -> f64 {
@@ -123,6 +139,10 @@ fn every_format_row_dot_equals_the_exact_dot_of_its_decoded_row() {
             lin.matvec(&x, &mut y);
             for (r, &yr) in y.iter().enumerate() {
                 lin.decode_row(r, &mut row);
+                let quantized = match lin.data {
+                    WeightData::Int4 { .. } | WeightData::Mxfp4 { .. } => intdot_bound(&row, &x),
+                    _ => 0.0,
+                };
                 assert_close(
                     &format!(
                         "case {case} {} ({out}x{inp}) matvec row {r}",
@@ -130,7 +150,7 @@ fn every_format_row_dot_equals_the_exact_dot_of_its_decoded_row() {
                     ),
                     yr,
                     exact(&row, &x),
-                    2.0 * bound(&row, &x) + 1e-6 * bound(&[1.0], &[1.0]),
+                    2.0 * bound(&row, &x) + quantized + 1e-6 * bound(&[1.0], &[1.0]),
                 );
                 // Decoded rows are exact f32 products (scale x code), so the f64 dot is the truth.
                 assert_close(
@@ -194,6 +214,12 @@ fn avx2_kernels_equal_their_scalar_twins() {
             fp8::dot_fp8_reference(&codes, &scales, block, &x) as f64,
             2.0 * bound(&dec, &x) + 1e-6,
         );
+        assert_close(
+            &label("fp8 prepared"),
+            fp8::dot_fp8_prepared(&codes, &scales, block, &x, &fp8::prepare(&x)),
+            fp8::dot_fp8_reference(&codes, &scales, block, &x) as f64,
+            2.0 * bound(&dec, &x) + 1e-6,
+        );
 
         let group = [8, 16, 24, 32, 128][rng.below(5)];
         let packed: Vec<u32> = (0..n.div_ceil(8)).map(|_| rng.next() as u32).collect();
@@ -230,5 +256,135 @@ fn avx2_kernels_equal_their_scalar_twins() {
             int8::dot_int8_reference(&w8, 0.01, &x) as f64,
             2.0 * bound(&dec, &x) + 1e-6,
         );
+    }
+}
+
+/// An activation with the cases quantization must get right: whole halves of zeros, tiny values
+/// (flushed below 1e-30), exact ties for rounding, and ordinary values.
+fn activation(rng: &mut Rand, n: usize) -> Vec<f32> {
+    let mut x = rng.vec(n);
+    for (h, xs) in x.chunks_mut(32).enumerate() {
+        match (h + rng.below(7)) % 7 {
+            0 => xs.iter_mut().for_each(|v| *v = 0.0),
+            1 => xs.iter_mut().for_each(|v| *v *= 1e-32),
+            2 => xs
+                .iter_mut()
+                .enumerate()
+                .for_each(|(i, v)| *v = (i as f32 - 16.0) * 0.5),
+            3 => xs.iter_mut().for_each(|v| *v *= 1e4),
+            _ => {}
+        }
+    }
+    x
+}
+
+#[test]
+fn intdot_activation_is_the_same_with_and_without_simd() {
+    let mut rng = Rand(0x0916_2026_0000_0001);
+    for case in 0..200 {
+        let n = rng.below(1000);
+        let x = activation(&mut rng, n);
+        let (offset, factor) = [(8, 1.0), (12, 0.5)][case % 2];
+        let (a, b) = (
+            intdot::prepare(&x, offset, factor),
+            intdot::prepare_reference(&x, offset, factor),
+        );
+        assert_eq!(a.blocks, n / intdot::BLOCK);
+        assert_eq!(a.q, b.q, "case {case} n={n}");
+        assert_eq!(a.r, b.r, "case {case} n={n}");
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&a.step), bits(&b.step), "case {case} n={n}");
+        assert_eq!(bits(&a.offset), bits(&b.offset), "case {case} n={n}");
+        // Each value is within 1/512 of a step of its input (in f64: no rounding of ours; the
+        // slack is the f32 rounding of rest / step).
+        for (j, xj) in x[..a.blocks * intdot::BLOCK].iter().enumerate() {
+            let step = (a.step[(j / 64) * 8 + ((j % 64) / 32) * 4] / factor) as f64;
+            let got = intdot::units_at(&a, j) * step;
+            let tol = step * 0.501 / 256.0 + 1e-30;
+            assert!(
+                (got - *xj as f64).abs() <= tol,
+                "case {case} input {j}: {got} vs {}",
+                xj
+            );
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn intdot_kernel_equals_its_scalar_twin() {
+    use intdot::x86::Scales;
+    if !(std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")) {
+        eprintln!("no AVX2/FMA on this CPU: only the scalar path exists here");
+        return;
+    }
+    let mut rng = Rand(0x0916_2026_0000_0002);
+    for case in 0..300 {
+        let n = intdot::BLOCK * (1 + rng.below(20));
+        let x = activation(&mut rng, n);
+        let packed: Vec<u8> = (0..n / 2).map(|_| rng.next() as u8).collect();
+        let nibble = |j: usize| (packed[j / 2] >> (4 * (j % 2))) & 0xf;
+        let (values, half_scales, got, a): (Vec<u8>, Vec<f32>, f32, intdot::IntAct) = match case % 3 {
+            0 => {
+                let a = intdot::prepare(&x, 8, 1.0);
+                let s16: Vec<u16> = (0..n / 32)
+                    .map(|_| half::bf16::from_f32(rng.f32()).to_bits())
+                    .collect();
+                // SAFETY: avx2 and fma were detected.
+                let got = unsafe { intdot::x86::dot_avx2(&packed, Scales::Bf16Group32(&s16), None, &a) };
+                let hs = s16.iter().map(|s| dot::bf16_to_f32(*s)).collect();
+                ((0..n).map(nibble).collect(), hs, got, a)
+            }
+            1 => {
+                let a = intdot::prepare(&x, 8, 1.0);
+                let shift = 6 + rng.below(3) as u32;
+                let s16: Vec<u16> = (0..n.div_ceil(1 << shift))
+                    .map(|_| half::bf16::from_f32(rng.f32()).to_bits())
+                    .collect();
+                // SAFETY: avx2 and fma were detected.
+                let got = unsafe { intdot::x86::dot_avx2(&packed, Scales::Bf16Wide(&s16, shift), None, &a) };
+                let hs = (0..n / 32)
+                    .map(|h| dot::bf16_to_f32(s16[(32 * h) >> shift]))
+                    .collect();
+                ((0..n).map(nibble).collect(), hs, got, a)
+            }
+            _ => {
+                let a = intdot::prepare(&x, 12, 0.5);
+                // Every exponent byte but NaN's 255, the edges 0 (2^-127) and 254 (2^127) included.
+                let e8: Vec<u8> = (0..n / 32)
+                    .map(|_| match rng.below(10) {
+                        0 => 0,
+                        1 => 254,
+                        _ => 100 + rng.below(54) as u8,
+                    })
+                    .collect();
+                let lut = mxfp4::INTDOT_LUT;
+                // SAFETY: avx2 and fma were detected.
+                let got = unsafe { intdot::x86::dot_avx2(&packed, Scales::E8m0(&e8), Some(&lut), &a) };
+                let hs = e8.iter().map(|e| mxfp4::e8m0_to_f32(*e)).collect();
+                ((0..n).map(|j| lut[nibble(j) as usize]).collect(), hs, got, a)
+            }
+        };
+        let want = intdot::dot_reference(&values, &half_scales, &a);
+        // The same integer sums; only the order of the f32 steps differs (and 2^127 scales may
+        // overflow alike).
+        let mag: f64 = (0..n / 32)
+            .map(|h| {
+                let s: f64 = (32 * h..32 * h + 32)
+                    .map(|j| (values[j] as f64 * intdot::units_at(&a, j)).abs())
+                    .sum();
+                (s + 12.0 * 32.0 * 32639.0)
+                    * (a.step[(h / 2) * 8 + (h % 2) * 4] as f64 * half_scales[h] as f64).abs()
+            })
+            .sum();
+        // Near f32's range (2^127 scales on large sums) either side may overflow first.
+        if mag < 1e37 {
+            assert_close(
+                &format!("case {case} n={n}"),
+                got,
+                want as f64,
+                1e-5 * mag + 1e-30,
+            );
+        }
     }
 }
