@@ -3,9 +3,10 @@
 //! Their weights are small integers once mapped to unsigned bytes (INT4: the stored nibble q + 8;
 //! MXFP4: twice the E2M1 value plus 12), so instead of converting every weight to f32 the
 //! activation is put once per token into integers and the products are summed exactly with
-//! `vpmaddwd` / `vpmaddubsw`. Per 32 inputs with step s = max|x| / 32639, each input becomes
+//! `vpmaddubsw`, 32 at a time. Per 32 inputs with step s = max|x| / 32512, each input becomes
 //! s * (q + r / 256): q = round(x / s) in 16 bits and r the rounded rest in 8 more, i.e. 24
-//! significant bits, as many as an f32 has. The weights' constant offset is taken out once per 32
+//! significant bits, as many as an f32 has, held as three signed bytes (q = 256 qh + ql, and r):
+//! the signed operands of `vpmaddubsw`. The weights' constant offset is taken out once per 32
 //! inputs from the sum of the activation.
 //!
 //! Accuracy: the weights are exact; each input moves by at most 1/512 of its step (6e-8 of the
@@ -14,22 +15,19 @@
 //! tolerance. The scalar twins compute the same integers; [`crate::int4::dot_int4_reference`]
 //! and [`crate::mxfp4::dot_mxfp4_reference`] stay the f32 truth the property tests compare to.
 
-/// Largest |q|.
-pub const QMAX: f32 = 32639.0;
+/// Largest |q| before rounding (q may still move by one, see `split`): keeps qh within i8.
+pub const QMAX: f32 = 32512.0;
 
 /// Inputs per block: 32 packed bytes of weights, two 32-input halves.
 pub const BLOCK: usize = 64;
 
 /// An activation prepared for [`x86::dot_avx2`], whole blocks of 64 inputs only.
 pub struct IntAct {
-    /// Per block, the 64 q values in the order [`slot`] gives (the order of the weights'
-    /// nibbles once widened to 16 bits).
-    pub q: Vec<i16>,
-    /// Per block, the 64 rests r: 32 for the even inputs, then 32 for the odd ones (byte k is
-    /// input 2k or 2k + 1, the order of the nibbles in the weights' bytes).
-    pub r: Vec<i8>,
+    /// Per block, 192 bytes, 32 each: qh of the even inputs, qh of the odd ones, then ql and r
+    /// likewise (byte k is input 2k or 2k + 1, the order of the nibbles in the weights' bytes).
+    pub digits: Vec<i8>,
     /// Per block, 8 lanes: the step of the first half (lanes 0-3) and of the second (4-7), times
-    /// the format's factor.
+    /// the format's factor, over 256 (the kernel's sums count 1/256 steps).
     pub step: Vec<f32>,
     /// Per block, 8 lanes: minus the format's weight offset times the half's activation sum, in
     /// lanes 0 and 4 (the other lanes are 0).
@@ -37,25 +35,22 @@ pub struct IntAct {
     pub blocks: usize,
 }
 
-/// Where q of input i of a block sits: weight byte k = i / 2 holds input i in its low nibble
-/// (even i) or high nibble (odd i); the kernel widens the 32 even nibbles to 16 bits with one
-/// unpack of bytes 0-7 and 16-23 and one of bytes 8-15 and 24-31 (per 128-bit lane), and the odd
-/// ones likewise.
-pub const fn slot(i: usize) -> usize {
-    let (parity, k) = (i % 2, i / 2);
-    let (lane, within) = (k / 16, k % 16);
-    (2 * parity + within / 8) * 16 + lane * 8 + within % 8
-}
-
-/// Where r of input i of a block sits.
-pub const fn rest_slot(i: usize) -> usize {
+/// Byte of input i (0..64) of a block within each 32-byte digit vector pair: even inputs first.
+pub const fn digit_slot(i: usize) -> usize {
     32 * (i % 2) + i / 2
 }
 
-/// Input j of a prepared activation in units of its step: q + r / 256.
+/// Input j of a prepared activation in units of its step: 256 qh + ql + r / 256.
 pub fn units_at(a: &IntAct, j: usize) -> f64 {
-    let (b, i) = (j / BLOCK, j % BLOCK);
-    a.q[b * BLOCK + slot(i)] as f64 + a.r[b * BLOCK + rest_slot(i)] as f64 / 256.0
+    let d = &a.digits[j / BLOCK * 192..];
+    let k = digit_slot(j % BLOCK);
+    256.0 * d[k] as f64 + d[64 + k] as f64 + d[128 + k] as f64 / 256.0
+}
+
+/// q as two signed bytes, q = 256 qh + ql, ql in -128..=127.
+fn digits_of(q: i32) -> (i8, i8) {
+    let ql = ((q + 128) & 255) - 128;
+    (((q - ql) >> 8) as i8, ql as i8)
 }
 
 /// Below this largest |x| a half counts as zero (its inverse step would overflow; such inputs add
@@ -92,15 +87,14 @@ fn split(x: f32, step: f32, inv: f32) -> (i32, i32) {
 /// Appends a half's 4 step lanes and 4 offset lanes.
 fn push_half(a: &mut IntAct, step: f32, sum_q: i32, sum_r: i32, offset: i32, factor: f32) {
     let units = sum_q as f32 + sum_r as f32 / 256.0;
-    a.step.extend([step * factor; 4]);
+    a.step.extend([step * factor / 256.0; 4]);
     a.offset
         .extend([-(offset as f32) * units * step * factor, 0.0, 0.0, 0.0]);
 }
 
 fn empty(blocks: usize) -> IntAct {
     IntAct {
-        q: vec![0i16; blocks * BLOCK],
-        r: vec![0i8; blocks * BLOCK],
+        digits: vec![0i8; blocks * 192],
         step: Vec::with_capacity(blocks * 8),
         offset: Vec::with_capacity(blocks * 8),
         blocks,
@@ -131,8 +125,9 @@ pub fn prepare_reference(x: &[f32], offset: i32, factor: f32) -> IntAct {
                 let (q, r) = split(*v, step, inv);
                 sum_q += q;
                 sum_r += r;
-                a.q[b * BLOCK + slot(32 * half + i)] = q as i16;
-                a.r[b * BLOCK + rest_slot(32 * half + i)] = r as i8;
+                let (qh, ql) = digits_of(q);
+                let k = b * 192 + digit_slot(32 * half + i);
+                (a.digits[k], a.digits[k + 64], a.digits[k + 128]) = (qh, ql, r as i8);
             }
             push_half(&mut a, step, sum_q, sum_r, offset, factor);
         }
@@ -147,24 +142,28 @@ pub fn dot_reference(values: &[u8], half_scales: &[f32], a: &IntAct) -> f32 {
     let mut total = 0f32;
     for h in 0..a.blocks * 2 {
         let (b, base) = (h / 2, 32 * (h % 2));
-        let (mut sq, mut sr) = (0i64, 0i64);
+        let mut sum = 0i64; // in 1/256 steps
         for i in base..base + 32 {
             let w = values[b * BLOCK + i] as i64;
-            sq += w * a.q[b * BLOCK + slot(i)] as i64;
-            sr += w * a.r[b * BLOCK + rest_slot(i)] as i64;
+            let k = b * 192 + digit_slot(i);
+            let (qh, ql, r) = (
+                a.digits[k] as i64,
+                a.digits[k + 64] as i64,
+                a.digits[k + 128] as i64,
+            );
+            sum += w * (65536 * qh + 256 * ql + r);
         }
         let lanes = b * 8 + (h % 2) * 4;
-        let units = sq as f32 + sr as f32 / 256.0;
-        total += (units * a.step[lanes] + a.offset[lanes]) * half_scales[h];
+        total += (sum as f32 * a.step[lanes] + a.offset[lanes]) * half_scales[h];
     }
     total
 }
 
 #[cfg(target_arch = "x86_64")]
 pub mod x86 {
-    //! AVX2: per block of 64 inputs, one 32-byte load of weights and two nibble masks; four
-    //! unpacks to 16 bits and four `vpmaddwd` against q; two `vpmaddubsw` against r; then two
-    //! conversions and three FMAs (join q and r, step + offset, the weights' scales).
+    //! AVX2: per block of 64 inputs, one 32-byte load of weights and two nibble masks; six
+    //! `vpmaddubsw` (even and odd nibbles against qh, ql and r), three `vpmaddwd` to join the
+    //! digits in i32; then one conversion and two FMAs (step + offset, the weights' scales).
     use std::arch::x86_64::*;
 
     use super::{IntAct, BLOCK};
@@ -177,57 +176,36 @@ pub mod x86 {
         _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01)))
     }
 
-    /// A block's q (8 vectors of 8 i32, inputs in order) to i16 in [`super::slot`] order, and its
-    /// r to i8 in [`super::rest_slot`] order: narrowing packs (which interleave 128-bit lanes,
+    /// 64 i32 values of a block (8 vectors, inputs in order) to i8 in [`super::digit_slot`]
+    /// order, as two vectors [evens, odds]: narrowing packs (which interleave 128-bit lanes,
     /// undone by a qword permute), a byte shuffle that splits even and odd inputs within each
     /// lane, and lane selects.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn arrange(q: [__m256i; 8], r: [__m256i; 8]) -> ([__m256i; 4], [__m256i; 2]) {
+    unsafe fn arrange(v: [__m256i; 8]) -> [__m256i; 2] {
         const ORDER: i32 = 0b11_01_10_00; // qwords 0, 2, 1, 3
-                                          // Within each lane: the 4 even 16-bit words, then the 4 odd ones.
-        let words = _mm256_setr_epi8(
-            0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10,
-            11, 14, 15,
-        );
-        // Within each lane: the 8 even bytes, then the 8 odd ones.
+                                          // Within each lane: the 8 even bytes, then the 8 odd ones.
         let bytes = _mm256_setr_epi8(
             0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9,
             11, 13, 15,
         );
-        // 16 inputs from two vectors of 8: [evens | odds] as i16.
-        let split16 = |a: __m256i, b: __m256i| {
-            let n = _mm256_permute4x64_epi64::<ORDER>(_mm256_packs_epi32(a, b));
-            _mm256_permute4x64_epi64::<ORDER>(_mm256_shuffle_epi8(n, words))
-        };
-        let e01 = split16(q[0], q[1]);
-        let e23 = split16(q[2], q[3]);
-        let e45 = split16(q[4], q[5]);
-        let e67 = split16(q[6], q[7]);
-        let vq = [
-            _mm256_permute2x128_si256::<0x20>(e01, e45),
-            _mm256_permute2x128_si256::<0x20>(e23, e67),
-            _mm256_permute2x128_si256::<0x31>(e01, e45),
-            _mm256_permute2x128_si256::<0x31>(e23, e67),
-        ];
-        // 32 inputs from four vectors of 8: [evens | odds] as i8.
+        // 32 inputs from four vectors of 8: [evens | odds].
         let split8 = |a: __m256i, b: __m256i, c: __m256i, d: __m256i| {
             let lo = _mm256_permute4x64_epi64::<ORDER>(_mm256_packs_epi32(a, b));
             let hi = _mm256_permute4x64_epi64::<ORDER>(_mm256_packs_epi32(c, d));
             let n = _mm256_permute4x64_epi64::<ORDER>(_mm256_packs_epi16(lo, hi));
             _mm256_permute4x64_epi64::<ORDER>(_mm256_shuffle_epi8(n, bytes))
         };
-        let d0 = split8(r[0], r[1], r[2], r[3]);
-        let d1 = split8(r[4], r[5], r[6], r[7]);
-        let vr = [
+        let d0 = split8(v[0], v[1], v[2], v[3]);
+        let d1 = split8(v[4], v[5], v[6], v[7]);
+        [
             _mm256_permute2x128_si256::<0x20>(d0, d1),
             _mm256_permute2x128_si256::<0x31>(d0, d1),
-        ];
-        (vq, vr)
+        ]
     }
 
     /// Prepares 32 inputs per half with vector max, multiply, round and fused multiply-add; the
-    /// values are then placed in [`super::slot`] / [`super::rest_slot`] order.
+    /// digits are then placed in [`super::digit_slot`] order.
     ///
     /// # Safety
     /// The CPU must have AVX2 and FMA.
@@ -291,14 +269,19 @@ pub mod x86 {
                 }
                 super::push_half(&mut a, step, hsum_epi32(sum_q), hsum_epi32(sum_r), offset, factor);
             }
-            let (vq, vr) = arrange(q, r);
-            let dq = a.q.as_mut_ptr().add(b * BLOCK) as *mut __m256i;
-            for (k, v) in vq.iter().enumerate() {
-                _mm256_storeu_si256(dq.add(k), *v);
+            // q = 256 qh + ql, ql in -128..=127 (as `super::digits_of`).
+            let (c128, c255) = (_mm256_set1_epi32(128), _mm256_set1_epi32(255));
+            let ql = q.map(|v| _mm256_sub_epi32(_mm256_and_si256(_mm256_add_epi32(v, c128), c255), c128));
+            let qh: [__m256i; 8] =
+                std::array::from_fn(|k| _mm256_srai_epi32(_mm256_sub_epi32(q[k], ql[k]), 8));
+            let d = a.digits.as_mut_ptr().add(b * 192) as *mut __m256i;
+            for (k, v) in [arrange(qh), arrange(ql), arrange(r)]
+                .iter()
+                .flatten()
+                .enumerate()
+            {
+                _mm256_storeu_si256(d.add(k), *v);
             }
-            let dr = a.r.as_mut_ptr().add(b * BLOCK) as *mut __m256i;
-            _mm256_storeu_si256(dr, vr[0]);
-            _mm256_storeu_si256(dr.add(1), vr[1]);
         }
         a
     }
@@ -342,7 +325,7 @@ pub mod x86 {
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn dot_avx2(packed: &[u8], scales: Scales, lut: Option<&[u8; 16]>, a: &IntAct) -> f32 {
         let blocks = a.blocks;
-        assert!(a.q.len() >= blocks * BLOCK && a.r.len() >= blocks * BLOCK);
+        assert!(a.digits.len() >= blocks * 192);
         assert!(a.step.len() >= blocks * 8 && a.offset.len() >= blocks * 8);
         assert!(packed.len() >= blocks * 32);
         let (kind, shift, sp) = scales.raw(blocks);
@@ -388,7 +371,6 @@ pub mod x86 {
     #[target_feature(enable = "avx2,fma")]
     unsafe fn block_sum<const LUT: bool>(packed: *const u8, lut: __m256i, a: &IntAct, b: usize) -> __m256 {
         let low = _mm256_set1_epi8(0x0f);
-        let z = _mm256_setzero_si256();
         let v = _mm256_loadu_si256(packed.add(32 * b) as *const __m256i);
         let mut even = _mm256_and_si256(v, low);
         let mut odd = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
@@ -396,31 +378,24 @@ pub mod x86 {
             even = _mm256_shuffle_epi8(lut, even);
             odd = _mm256_shuffle_epi8(lut, odd);
         }
-        let q = a.q.as_ptr().add(BLOCK * b) as *const __m256i;
-        let m = |w: __m256i, k: usize| _mm256_madd_epi16(w, _mm256_loadu_si256(q.add(k)));
-        let sum_q = _mm256_add_epi32(
-            _mm256_add_epi32(
-                m(_mm256_unpacklo_epi8(even, z), 0),
-                m(_mm256_unpackhi_epi8(even, z), 1),
-            ),
-            _mm256_add_epi32(
-                m(_mm256_unpacklo_epi8(odd, z), 2),
-                m(_mm256_unpackhi_epi8(odd, z), 3),
-            ),
-        );
-        let r = a.r.as_ptr().add(BLOCK * b) as *const __m256i;
-        let sum_r = _mm256_madd_epi16(
+        // Per i16 lane, four products of a digit; per i32 lane, eight: at most 8 x 24 x
+        // (65536 x 127 + 256 x 128 + 128) < 2^31 once joined in 1/256 steps.
+        let d = a.digits.as_ptr().add(192 * b) as *const __m256i;
+        let m = |k: usize| {
             _mm256_add_epi16(
-                _mm256_maddubs_epi16(even, _mm256_loadu_si256(r)),
-                _mm256_maddubs_epi16(odd, _mm256_loadu_si256(r.add(1))),
-            ),
-            _mm256_set1_epi16(1),
+                _mm256_maddubs_epi16(even, _mm256_loadu_si256(d.add(k))),
+                _mm256_maddubs_epi16(odd, _mm256_loadu_si256(d.add(k + 1))),
+            )
+        };
+        let (hi, lo, rest) = (m(0), m(2), m(4));
+        let q = _mm256_add_epi32(
+            _mm256_madd_epi16(hi, _mm256_set1_epi16(256)),
+            _mm256_madd_epi16(lo, _mm256_set1_epi16(1)),
         );
-        let units = _mm256_fmadd_ps(
-            _mm256_cvtepi32_ps(sum_r),
-            _mm256_set1_ps(1.0 / 256.0),
-            _mm256_cvtepi32_ps(sum_q),
-        );
+        let units = _mm256_cvtepi32_ps(_mm256_add_epi32(
+            _mm256_slli_epi32(q, 8),
+            _mm256_madd_epi16(rest, _mm256_set1_epi16(1)),
+        ));
         _mm256_fmadd_ps(
             units,
             _mm256_loadu_ps(a.step.as_ptr().add(8 * b)),

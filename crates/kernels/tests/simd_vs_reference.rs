@@ -290,15 +290,15 @@ fn intdot_activation_is_the_same_with_and_without_simd() {
             intdot::prepare_reference(&x, offset, factor),
         );
         assert_eq!(a.blocks, n / intdot::BLOCK);
-        assert_eq!(a.q, b.q, "case {case} n={n}");
-        assert_eq!(a.r, b.r, "case {case} n={n}");
+        assert_eq!(a.digits, b.digits, "case {case} n={n}");
         let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&a.step), bits(&b.step), "case {case} n={n}");
         assert_eq!(bits(&a.offset), bits(&b.offset), "case {case} n={n}");
         // Each value is within 1/512 of a step of its input (in f64: no rounding of ours; the
         // slack is the f32 rounding of rest / step).
         for (j, xj) in x[..a.blocks * intdot::BLOCK].iter().enumerate() {
-            let step = (a.step[(j / 64) * 8 + ((j % 64) / 32) * 4] / factor) as f64;
+            // Step lanes hold step x factor / 256.
+            let step = (a.step[(j / 64) * 8 + ((j % 64) / 32) * 4] / factor) as f64 * 256.0;
             let got = intdot::units_at(&a, j) * step;
             let tol = step * 0.501 / 256.0 + 1e-30;
             assert!(
@@ -373,7 +373,9 @@ fn intdot_kernel_equals_its_scalar_twin() {
                 let s: f64 = (32 * h..32 * h + 32)
                     .map(|j| (values[j] as f64 * intdot::units_at(&a, j)).abs())
                     .sum();
-                (s + 12.0 * 32.0 * 32639.0)
+                // Step lanes count 1/256 steps.
+                (s + 12.0 * 32.0 * 32640.0)
+                    * 256.0
                     * (a.step[(h / 2) * 8 + (h % 2) * 4] as f64 * half_scales[h] as f64).abs()
             })
             .sum();
