@@ -9,18 +9,10 @@ use strata_testkit::{
     QUANTIZED_MODELS,
 };
 
+mod common;
+
 fn strata(args: &[&str]) -> Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
-        .args(args)
-        .output()
-        .expect("spawn strata");
-    assert!(
-        out.status.success(),
-        "strata {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8(out.stdout).expect("utf-8 stdout");
-    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("strata {args:?}: {e}: {stdout}"))
+    common::strata_json(args)
 }
 
 fn csv(ids: &[u32]) -> String {

@@ -11,18 +11,10 @@ const K3: &str = "kimi-k3-tiny";
 /// kimi-k3 README: last logits within 1e-3 x absmax for an f32 engine.
 const REL: f32 = 1e-3;
 
+mod common;
+
 fn strata(args: &[&str]) -> Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
-        .args(args)
-        .output()
-        .expect("spawn strata");
-    assert!(
-        out.status.success(),
-        "strata {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8(out.stdout).expect("utf-8 stdout");
-    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("strata {args:?}: {e}: {stdout}"))
+    common::strata_json(args)
 }
 
 fn csv(ids: &[u32]) -> String {

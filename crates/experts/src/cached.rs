@@ -45,18 +45,49 @@ pub struct StoreStats {
     /// Predicted experts the layer did not use (read or cancelled), and the bytes actually read for them.
     pub predicted_wrong: AtomicU64,
     pub wasted_bytes: AtomicU64,
+    /// Wall time with at least one disk read in flight: bytes_read / busy is the bandwidth the
+    /// reads achieved while the disk was in use, whatever compute overlapped them.
+    pub busy_ns: AtomicU64,
+    /// Reads in flight, and since when the count has been above zero.
+    in_flight: std::sync::Mutex<(usize, Option<std::time::Instant>)>,
 }
 
 impl StoreStats {
-    /// [hits, misses, bytes_read, evictions, wait_ns]
-    pub fn snapshot(&self) -> [u64; 5] {
+    /// [hits, misses, bytes_read, evictions, wait_ns, busy_ns]
+    pub fn snapshot(&self) -> [u64; 6] {
         [
             self.hits.load(Ordering::Relaxed),
             self.misses.load(Ordering::Relaxed),
             self.bytes_read.load(Ordering::Relaxed),
             self.evictions.load(Ordering::Relaxed),
             self.wait_ns.load(Ordering::Relaxed),
+            self.busy_now(),
         ]
+    }
+
+    /// busy_ns, counting the stretch still running.
+    fn busy_now(&self) -> u64 {
+        let open = self.in_flight.lock().expect("in-flight lock").1;
+        self.busy_ns.load(Ordering::Relaxed) + open.map_or(0, |t| t.elapsed().as_nanos() as u64)
+    }
+
+    fn read_started(&self) {
+        let mut f = self.in_flight.lock().expect("in-flight lock");
+        if f.0 == 0 {
+            f.1 = Some(std::time::Instant::now());
+        }
+        f.0 += 1;
+    }
+
+    fn read_finished(&self) {
+        let mut f = self.in_flight.lock().expect("in-flight lock");
+        f.0 -= 1;
+        if f.0 == 0 {
+            if let Some(t) = f.1.take() {
+                self.busy_ns
+                    .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            }
+        }
     }
 }
 
@@ -162,6 +193,9 @@ struct Shared {
     /// The latest prediction per layer, consumed by that layer's `get`.
     predictions: Mutex<HashMap<usize, HashSet<usize>>>,
     prefetch: bool,
+    /// `--io mmap`: misses are read through the mapping on the threads that need them, with
+    /// nothing read ahead or overlapped (what an engine computing on a mapping gets).
+    demand_paging: bool,
     eviction: Eviction,
     /// layer -> (hits, misses)
     layer_stats: Mutex<BTreeMap<usize, (u64, u64)>>,
@@ -236,7 +270,8 @@ impl CachedStore {
             queued: Condvar::new(),
             shutdown: AtomicBool::new(false),
             predictions: Mutex::new(HashMap::new()),
-            prefetch,
+            prefetch: prefetch && io == IoMode::Direct,
+            demand_paging: io == IoMode::Mmap,
             eviction,
             layer_stats: Mutex::new(BTreeMap::new()),
             stats: StoreStats::default(),
@@ -259,6 +294,11 @@ impl CachedStore {
 
     pub fn budget(&self) -> usize {
         self.shared.budget
+    }
+
+    /// Whether predicted experts are read ahead (`--prefetch on`).
+    pub fn prefetch_enabled(&self) -> bool {
+        self.shared.prefetch
     }
 
     /// (layer, hits, misses) for every MoE layer asked so far.
@@ -376,16 +416,17 @@ impl Shared {
                             )
                         })?;
                 }
-                let skip = file
-                    .read_range_into(run.offset, run.len as usize, buf)
-                    .map_err(|e| {
-                        format!(
-                            "{}: reading expert {expert} of layer {layer} ({} bytes at {}): {e}",
-                            file.path().display(),
-                            run.len,
-                            run.offset
-                        )
-                    })?;
+                self.stats.read_started();
+                let read = file.read_range_into(run.offset, run.len as usize, buf);
+                self.stats.read_finished();
+                let skip = read.map_err(|e| {
+                    format!(
+                        "{}: reading expert {expert} of layer {layer} ({} bytes at {}): {e}",
+                        file.path().display(),
+                        run.len,
+                        run.offset
+                    )
+                })?;
                 self.stats.bytes_read.fetch_add(run.len, Ordering::Relaxed);
                 skips.push(skip);
             }
@@ -463,6 +504,47 @@ impl Shared {
         entry.tick = tick;
         order.insert(tick, key);
         Some(entry.expert.clone())
+    }
+
+    /// `--io mmap`: the misses (indices into `ids`) read through the mapping by as many threads
+    /// as the kernels use, all of it counted as waiting: the bytes fault in when the compute
+    /// needs them, as they would under a kernel multiplying on the mapping itself.
+    fn read_on_demand(
+        &self,
+        layer: usize,
+        ids: &[usize],
+        misses: &[usize],
+        on_ready: &mut dyn FnMut(usize, Arc<Expert>) -> Result<(), BoxError>,
+    ) -> Result<(), BoxError> {
+        let t0 = std::time::Instant::now();
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let mut read: Vec<(usize, Result<Expert, String>)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..strata_kernels::threads().min(misses.len()))
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut out = Vec::new();
+                        while let Some(&i) = misses.get(next.fetch_add(1, Ordering::Relaxed)) {
+                            out.push((i, self.read(layer, ids[i]).map_err(|e| e.to_string())));
+                        }
+                        out
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().expect("demand-paging thread"))
+                .collect()
+        });
+        self.stats
+            .wait_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        read.sort_by_key(|r| r.0);
+        for (i, result) in read {
+            let expert = Arc::new(result?);
+            self.insert((layer, ids[i]), expert.clone());
+            on_ready(i, expert)?;
+        }
+        Ok(())
     }
 
     /// The read of `key`, already in flight or newly queued.
@@ -549,13 +631,16 @@ impl ExpertStore for CachedStore {
         s.settle_prediction(layer, ids);
         let mut hits = Vec::new();
         let mut slots: Vec<Option<Arc<InFlight>>> = vec![None; ids.len()];
+        let mut missed = Vec::new();
         for (i, &e) in ids.iter().enumerate() {
             match s.lookup((layer, e)) {
                 Some(expert) => hits.push((i, expert)),
+                None if s.demand_paging => missed.push(i),
                 None => slots[i] = Some(s.request((layer, e), false)),
             }
         }
         let misses = ids.len() - hits.len();
+        debug_assert!(missed.is_empty() || missed.len() == misses);
         s.stats.hits.fetch_add(hits.len() as u64, Ordering::Relaxed);
         s.stats.misses.fetch_add(misses as u64, Ordering::Relaxed);
         {
@@ -566,6 +651,9 @@ impl ExpertStore for CachedStore {
         }
         for (i, expert) in hits {
             on_ready(i, expert)?;
+        }
+        if s.demand_paging {
+            return s.read_on_demand(layer, ids, &missed, on_ready);
         }
         let (tx, rx) = channel();
         let mut waiting = 0;
@@ -607,6 +695,9 @@ impl ExpertStore for CachedStore {
 
     fn submit(&self, layer: usize, ids: &[usize]) {
         let s = &self.shared;
+        if s.demand_paging {
+            return; // nothing is read before it is needed
+        }
         s.settle_prediction(layer, ids);
         for &e in ids {
             if s.plans.contains_key(&(layer, e))

@@ -12,6 +12,7 @@ use crate::layers::math::{add_into, rms_normed};
 use crate::layers::mla::MlaAttention;
 use crate::layers::mlp::Mlp;
 use crate::layers::moe::{MoeLayer, NextMoe};
+use crate::profile::{timed, PHASES};
 use crate::{KvCache, Model, ModelError, ModelInfo, Result, RoutingRecord, Trace};
 
 /// The new tokens of one sequence in a step, with its state.
@@ -123,11 +124,11 @@ impl Model for Decoder {
                 });
                 row += n;
             }
-            let a = match &block.attn {
+            let a = timed(&PHASES.attention_ns, || match &block.attn {
                 Attention::Gqa(attn) => attn.forward(&h, n_tokens, &mut views),
                 Attention::Mla(attn) => attn.forward(&h, n_tokens, &mut views),
                 Attention::Kda(attn) => attn.forward(&h, n_tokens, &mut views),
-            };
+            });
             add_into(&mut partial, &a);
 
             let mixed = match &block.res {
@@ -162,15 +163,15 @@ impl Model for Decoder {
                 }
                 Ffn::Moe(moe) => {
                     let next = next.map(|(_, n)| n);
-                    match trace.as_deref_mut() {
+                    timed(&PHASES.moe_ns, || match trace.as_deref_mut() {
                         Some(t) => {
                             let mut rec = RoutingRecord::default();
                             let f = moe.forward(&h, n_tokens, ffn_in, next, Some(&mut rec))?;
                             t.routing.push(rec);
-                            f
+                            Ok::<_, ModelError>(f)
                         }
-                        None => moe.forward(&h, n_tokens, ffn_in, next, None)?,
-                    }
+                        None => moe.forward(&h, n_tokens, ffn_in, next, None),
+                    })?
                 }
             };
             add_into(&mut partial, &f);

@@ -13,6 +13,7 @@ mod decoder;
 mod error;
 mod info;
 pub mod layers;
+pub mod profile;
 mod registry;
 mod store;
 mod trace;

@@ -1,10 +1,14 @@
 //! `strata bench`: decode speed of a model next to the bounds that matter, measured in one run:
 //! the disk's own direct-read bandwidth for this model's expert reads, bytes read per token, the
-//! time spent waiting for them, and how close token time comes to max(I/O, compute).
+//! time spent waiting for them, where the rest of the time goes (expert compute, attention,
+//! other), and how close token time comes to I/O + compute.
 
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use strata_models::profile::PHASES;
 use strata_runtime::{GenEvent, Request, SamplingParams};
 
 use super::{MemArgs, ModelArg};
@@ -24,7 +28,7 @@ pub struct BenchArgs {
     /// Experts read (not decoded) to measure the disk's direct-read bandwidth first.
     #[arg(long, default_value_t = 48)]
     raw_samples: usize,
-    /// Print one JSON object instead of text.
+    /// Print the figures as one JSON object on the last line of stdout (after the text).
     #[arg(long)]
     json: bool,
     /// Also project the token time to a model of this many layers (e.g. 93 for a Kimi K3
@@ -68,42 +72,52 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         stop: vec![],
         ignore_eos: true,
     };
-    let mut marks: Vec<(Instant, [u64; 5])> = Vec::new();
+    let st = &store.stats;
+    let mark = || Mark {
+        at: Instant::now(),
+        store: st.snapshot(),
+        phases: PHASES.snapshot(),
+        asked: st.predicted_asked.load(Ordering::Relaxed),
+        right: st.predicted_right.load(Ordering::Relaxed),
+    };
+    let bar = ProgressBar::new((args.tokens) as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} tokens {per_sec} ETA {eta}")
+            .expect("progress template"),
+    );
+    let mut marks: Vec<Mark> = Vec::new();
     let t0 = Instant::now();
-    let before = store.stats.snapshot();
+    let before = mark();
     engine.generate(std::slice::from_ref(&request), |_, e| {
         if let GenEvent::Token { .. } = e {
-            marks.push((Instant::now(), store.stats.snapshot()));
+            marks.push(mark());
+            bar.inc(1);
         }
     })?;
+    bar.finish_and_clear();
     if marks.len() < 2 {
         bail!("--tokens must be at least 2 to time decoding");
     }
-    let prefill_s = (marks[0].0 - t0).as_secs_f64();
-    let prefill_stats = marks[0].1;
-    let (first, last) = (&marks[0], &marks[marks.len() - 1]);
-    let steps = (marks.len() - 1) as f64;
-    let decode_s = (last.0 - first.0).as_secs_f64();
-    let d = |i: usize| (last.1[i] - first.1[i]) as f64;
-    let (hits, misses, bytes, wait_s) = (d(0), d(1), d(2), d(4) / 1e9);
+    let prefill_s = (marks[0].at - t0).as_secs_f64();
+    let prefill_stats = marks[0].store;
+    let tokens: Vec<TokenFigures> = marks
+        .windows(2)
+        .map(|w| TokenFigures::between(&w[0], &w[1]))
+        .collect();
+    let total = TokenFigures::between(&marks[0], &marks[marks.len() - 1]);
+    let steps = tokens.len() as f64;
+    let decode_s = total.seconds;
+    let (bytes, wait_s) = (total.bytes, total.wait_s);
     let per_token_s = decode_s / steps;
     let bytes_per_token = bytes / steps;
     let io_bound_s = bytes_per_token / raw_bw;
     let compute_s = (decode_s - wait_s) / steps;
-    let effective_bw = if wait_s > 0.0 { bytes / wait_s } else { 0.0 };
-    let hit_rate = if hits + misses > 0.0 {
-        hits / (hits + misses)
-    } else {
-        0.0
-    };
+    let effective_bw = total.read_gbs() * 1e9;
+    let hit_rate = total.hit_rate();
     let ratio = per_token_s / (io_bound_s + compute_s);
-    let _ = before;
-    let st = &store.stats;
-    let asked = st.predicted_asked.load(std::sync::atomic::Ordering::Relaxed) as f64;
-    let right = st.predicted_right.load(std::sync::atomic::Ordering::Relaxed) as f64;
-    let wasted = st.wasted_bytes.load(std::sync::atomic::Ordering::Relaxed) as f64;
-    let recall = if asked > 0.0 { right / asked } else { 0.0 };
-    let total_read = (last.1[2] - before[2]) as f64;
+    let wasted = st.wasted_bytes.load(Ordering::Relaxed) as f64;
+    let recall = total.recall();
+    let total_read = (marks[marks.len() - 1].store[2] - before.store[2]) as f64;
 
     let info = engine.model.info();
     let moe_here = info.experts.as_ref().map_or(0, |l| l.moe_layers.len()).max(1);
@@ -132,43 +146,6 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         .iter()
         .map(|&(l, h, m)| serde_json::json!({"layer": l, "hits": h, "misses": m}))
         .collect();
-    if args.json {
-        let body = serde_json::json!({
-            "model": args.model.describe(),
-            "load_s": load_s,
-            "expert_cache_bytes": store.budget(),
-            "raw_direct_read_gbs": raw_bw / 1e9,
-            "prefill_tokens": request.prompt.len(),
-            "prefill_s": prefill_s,
-            "prefill_bytes_read": prefill_stats[2] - before[2],
-            "decode_tokens": steps,
-            "s_per_token": per_token_s,
-            "tokens_per_s": 1.0 / per_token_s,
-            "expert_bytes_read_per_token": bytes_per_token,
-            "expert_hit_rate": hit_rate,
-            "read_wait_s_per_token": wait_s / steps,
-            "effective_read_gbs": effective_bw / 1e9,
-            "effective_over_raw": effective_bw / raw_bw,
-            "io_bound_s_per_token": io_bound_s,
-            "compute_s_per_token": compute_s,
-            "token_time_over_io_plus_compute": ratio,
-            "per_layer": layers,
-            "layers": info.n_layers,
-            "moe_layers": moe_here,
-            "s_per_layer": per_token_s / info.n_layers as f64,
-            "projection": projection.as_ref().map(|p| serde_json::json!({
-                "layers": p.layers, "moe_layers": p.moe_layers, "s_per_token": p.s_per_token,
-                "expert_bytes_per_token": p.bytes_per_token, "io_bound_here_s": p.bound_here_s,
-                "reference_gbs": args.reference_gbs, "io_bound_reference_s": p.bound_reference_s,
-                "reference_at_this_run_efficiency_s": p.at_this_efficiency_s,
-            })),
-            "prefetch_recall": recall,
-            "prefetch_wasted_bytes": wasted,
-            "prefetch_wasted_share_of_reads": if total_read > 0.0 { wasted / total_read } else { 0.0 },
-        });
-        println!("{}", serde_json::to_string_pretty(&body)?);
-        return Ok(());
-    }
     println!("model                 {}", args.model.describe());
     println!(
         "load                  {load_s:.2} s; expert cache {:.2} GiB",
@@ -189,13 +166,45 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         1.0 / per_token_s
     );
     println!(
-        "expert reads          {:.1} MB/token, hit rate {:.1} %, waiting {:.3} s/token",
+        "{:>5} {:>8} {:>8} {:>8} {:>9} {:>8} {:>8} {:>9} {:>6} {:>7}",
+        "token",
+        "s",
+        "I/O wait",
+        "experts",
+        "attention",
+        "other",
+        "MB read",
+        "read GB/s",
+        "hit %",
+        "recall %"
+    );
+    let row = |label: &str, t: &TokenFigures, n: f64| {
+        println!(
+            "{label:>5} {:>8.3} {:>8.3} {:>8.3} {:>9.3} {:>8.3} {:>8.1} {:>9.2} {:>6.1} {:>7.1}",
+            t.seconds / n,
+            t.wait_s / n,
+            t.expert_s / n,
+            t.attention_s / n,
+            t.other_s() / n,
+            t.bytes / n / 1e6,
+            t.read_gbs(),
+            100.0 * t.hit_rate(),
+            100.0 * t.recall()
+        )
+    };
+    for (i, t) in tokens.iter().enumerate() {
+        row(&(i + 2).to_string(), t, 1.0);
+    }
+    row("mean", &total, steps);
+    println!(
+        "expert reads          {:.1} MB/token, hit rate {:.1} %, waiting {:.3} s/token ({:.0} % of token time)",
         bytes_per_token / 1e6,
         hit_rate * 100.0,
-        wait_s / steps
+        wait_s / steps,
+        100.0 * wait_s / decode_s
     );
     println!(
-        "effective read        {:.2} GB/s = {:.0} % of the disk's direct-read bandwidth",
+        "effective read        {:.2} GB/s = {:.0} % of the disk's direct-read bandwidth (bytes over the time reads were in flight)",
         effective_bw / 1e9,
         100.0 * effective_bw / raw_bw
     );
@@ -228,10 +237,148 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         );
     }
     println!(
-        "prefetch              recall {:.1} % of routed experts guessed a layer early; {:.1} MB wasted ({:.1} % of bytes read)",
+        "prefetch              {}: recall {:.1} % of routed experts guessed a layer early; {:.1} MB wasted ({:.1} % of bytes read)",
+        if store.prefetch_enabled() { "on" } else { "off" },
         recall * 100.0,
         wasted / 1e6,
         if total_read > 0.0 { 100.0 * wasted / total_read } else { 0.0 }
     );
+    if args.json {
+        // The names a check outside the project reads come first.
+        let mut body = serde_json::json!({
+            "tokens": marks.len(),
+            "timed_tokens": tokens.len(),
+            "seconds_per_token": per_token_s,
+            "bytes_read_per_token": bytes_per_token,
+            "read_gbps": effective_bw / 1e9,
+            "raw_gbps": raw_bw / 1e9,
+            "hit_rate": hit_rate,
+            "io_wait_fraction": if decode_s > 0.0 { wait_s / decode_s } else { 0.0 },
+            "expert_compute_s_per_token": total.expert_s / steps,
+            "attention_s_per_token": total.attention_s / steps,
+            "other_s_per_token": total.other_s() / steps,
+            "per_token": tokens.iter().map(TokenFigures::json).collect::<Vec<_>>(),
+        });
+        let more = serde_json::json!({
+            "model": args.model.describe(),
+            "load_s": load_s,
+            "expert_cache_bytes": store.budget(),
+            "prefill_tokens": request.prompt.len(),
+            "prefill_s": prefill_s,
+            "prefill_bytes_read": prefill_stats[2] - before.store[2],
+            "tokens_per_s": 1.0 / per_token_s,
+            "read_wait_s_per_token": wait_s / steps,
+            "effective_over_raw": effective_bw / raw_bw,
+            "io_bound_s_per_token": io_bound_s,
+            "compute_s_per_token": compute_s,
+            "token_time_over_io_plus_compute": ratio,
+            "per_layer": layers,
+            "layers": info.n_layers,
+            "moe_layers": moe_here,
+            "s_per_layer": per_token_s / info.n_layers as f64,
+        });
+        if let (Some(b), serde_json::Value::Object(m)) = (body.as_object_mut(), more) {
+            b.extend(m);
+        }
+        body["projection"] = serde_json::json!(projection.as_ref().map(|p| serde_json::json!({
+            "layers": p.layers, "moe_layers": p.moe_layers, "s_per_token": p.s_per_token,
+            "expert_bytes_per_token": p.bytes_per_token, "io_bound_here_s": p.bound_here_s,
+            "reference_gbs": args.reference_gbs, "io_bound_reference_s": p.bound_reference_s,
+            "reference_at_this_run_efficiency_s": p.at_this_efficiency_s,
+        })));
+        let prefetch_figures = serde_json::json!({
+            "prefetch": store.prefetch_enabled(),
+            "prefetch_recall": recall,
+            "prefetch_wasted_bytes": wasted,
+            "prefetch_wasted_share_of_reads": if total_read > 0.0 { wasted / total_read } else { 0.0 },
+        });
+        if let (Some(b), serde_json::Value::Object(m)) = (body.as_object_mut(), prefetch_figures) {
+            b.extend(m);
+        }
+        println!("{}", serde_json::to_string(&body)?);
+    }
     Ok(())
+}
+
+/// The counters at one moment of the run.
+struct Mark {
+    at: Instant,
+    store: [u64; 6],
+    phases: [u64; 2],
+    asked: u64,
+    right: u64,
+}
+
+/// What happened between two marks (one token, or the whole decode).
+struct TokenFigures {
+    seconds: f64,
+    wait_s: f64,
+    busy_s: f64,
+    expert_s: f64,
+    attention_s: f64,
+    bytes: f64,
+    hits: f64,
+    misses: f64,
+    asked: f64,
+    right: f64,
+}
+
+impl TokenFigures {
+    fn between(a: &Mark, b: &Mark) -> TokenFigures {
+        let d = |i: usize| (b.store[i] - a.store[i]) as f64;
+        let wait_s = d(4) / 1e9;
+        let moe_s = (b.phases[1] - a.phases[1]) as f64 / 1e9;
+        TokenFigures {
+            seconds: (b.at - a.at).as_secs_f64(),
+            wait_s,
+            busy_s: d(5) / 1e9,
+            // MoE layers' time less their wait for reads: router, shared and routed experts.
+            expert_s: (moe_s - wait_s).max(0.0),
+            attention_s: (b.phases[0] - a.phases[0]) as f64 / 1e9,
+            bytes: d(2),
+            hits: d(0),
+            misses: d(1),
+            asked: (b.asked - a.asked) as f64,
+            right: (b.right - a.right) as f64,
+        }
+    }
+
+    /// Norms, embedding, dense MLPs, the LM head, sampling: what is neither reads, experts nor
+    /// attention.
+    fn other_s(&self) -> f64 {
+        (self.seconds - self.wait_s - self.expert_s - self.attention_s).max(0.0)
+    }
+
+    /// Bytes over the time the disk had reads in flight.
+    fn read_gbs(&self) -> f64 {
+        if self.busy_s > 0.0 {
+            self.bytes / self.busy_s / 1e9
+        } else {
+            0.0
+        }
+    }
+
+    fn hit_rate(&self) -> f64 {
+        if self.hits + self.misses > 0.0 {
+            self.hits / (self.hits + self.misses)
+        } else {
+            0.0
+        }
+    }
+
+    fn recall(&self) -> f64 {
+        if self.asked > 0.0 {
+            self.right / self.asked
+        } else {
+            0.0
+        }
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "seconds": self.seconds, "io_wait_s": self.wait_s, "expert_compute_s": self.expert_s,
+            "attention_s": self.attention_s, "other_s": self.other_s(), "bytes_read": self.bytes,
+            "read_gbps": self.read_gbs(), "hit_rate": self.hit_rate(), "prefetch_recall": self.recall(),
+        })
+    }
 }

@@ -131,11 +131,12 @@ pub struct MemArgs {
     /// Default: what --mem leaves.
     #[arg(long, value_name = "SIZE", value_parser = strata_runtime::parse_size)]
     pub expert_cache: Option<usize>,
-    /// Guess each next MoE layer's experts from the current residual and read them early.
-    /// `strata bench` reports how often the guesses are right and the bytes they waste; off by
-    /// default until it pays on real checkpoints.
-    #[arg(long)]
-    prefetch: bool,
+    /// Guess each next MoE layer's experts from the current residual and read them early
+    /// (`--prefetch` alone means on). `strata bench` reports how often the guesses are right and
+    /// the bytes they waste; off by default until it pays on real checkpoints.
+    #[arg(long, value_enum, value_name = "on|off", num_args = 0..=1, default_missing_value = "on",
+          default_value_t = Switch::Off)]
+    prefetch: Switch,
     /// How expert bytes are read: `pread` (direct reads that bypass the page cache) or `mmap`
     /// (demand paging; 5-15x slower for this access pattern, kept to measure that).
     #[arg(long, value_enum, default_value_t = Io::Pread)]
@@ -156,6 +157,12 @@ pub enum CachePolicy {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Switch {
+    On,
+    Off,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Io {
     Pread,
     Mmap,
@@ -166,7 +173,7 @@ impl MemArgs {
         strata_runtime::LoadOptions {
             mem: self.mem,
             expert_cache: self.expert_cache,
-            prefetch: self.prefetch,
+            prefetch: self.prefetch == Switch::On,
             eviction: match self.cache_policy {
                 CachePolicy::Lru => strata_experts::Eviction::Lru,
                 CachePolicy::Lfu => strata_experts::Eviction::LfuDecay {

@@ -1,0 +1,117 @@
+//! `strata bench` through the binary, as an outside check runs it: the JSON object on the last line
+//! of stdout with the names such checks read, the per-token table, and the `--io` / `--prefetch`
+//! flags.
+
+use std::process::Command;
+
+use serde_json::Value;
+use strata_testkit::fixture;
+
+mod common;
+
+/// (stdout, the JSON object on its last line).
+fn bench(args: &[&str]) -> (String, Value) {
+    let stdout = common::strata_stdout(&[&["bench"], args].concat());
+    let last = stdout.lines().last().expect("some output");
+    let json = serde_json::from_str(last).unwrap_or_else(|e| panic!("last line is not JSON ({e}): {last}"));
+    (stdout, json)
+}
+
+fn num(v: &Value, key: &str) -> f64 {
+    v[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{key} is not a number in {v}"))
+}
+
+#[test]
+fn bench_ends_with_one_json_line_of_the_figures_checks_read() {
+    let model = fixture("kimi-k2-tiny-int4");
+    let model = model.to_str().unwrap();
+    let tokens = 5;
+    for (io, prefetch) in [("pread", "off"), ("pread", "on"), ("mmap", "off")] {
+        let what = format!("--io {io} --prefetch {prefetch}");
+        let (text, j) = bench(&[
+            "-m",
+            model,
+            "--tokens",
+            &tokens.to_string(),
+            "--expert-cache",
+            "1K",
+            "--io",
+            io,
+            "--prefetch",
+            prefetch,
+            "--json",
+        ]);
+        assert_eq!(j["tokens"].as_u64(), Some(tokens as u64), "{what}");
+        for key in [
+            "seconds_per_token",
+            "bytes_read_per_token",
+            "read_gbps",
+            "raw_gbps",
+            "hit_rate",
+            "io_wait_fraction",
+            "prefetch_recall",
+        ] {
+            let v = num(&j, key);
+            assert!(v.is_finite() && v >= 0.0, "{what}: {key} = {v}");
+        }
+        // A 1 KiB cache holds no expert: every routed expert of every token is read.
+        assert!(num(&j, "bytes_read_per_token") > 0.0, "{what}");
+        assert_eq!(num(&j, "hit_rate"), 0.0, "{what}");
+        assert!(num(&j, "read_gbps") > 0.0 && num(&j, "raw_gbps") > 0.0, "{what}");
+        for key in ["hit_rate", "io_wait_fraction", "prefetch_recall"] {
+            assert!(num(&j, key) <= 1.0, "{what}: {key} is a fraction");
+        }
+        assert_eq!(
+            j["prefetch"].as_bool(),
+            Some(prefetch == "on" && io == "pread"),
+            "{what}"
+        );
+        let per_token = j["per_token"].as_array().expect("per_token");
+        assert_eq!(
+            per_token.len(),
+            tokens - 1,
+            "{what}: each decoded token after the first is timed"
+        );
+        for t in per_token {
+            let parts = ["io_wait_s", "expert_compute_s", "attention_s", "other_s"]
+                .map(|k| num(t, k))
+                .iter()
+                .sum::<f64>();
+            let s = num(t, "seconds");
+            assert!(
+                (parts - s).abs() <= 1e-6 + 1e-3 * s,
+                "{what}: the split adds up to the token's time: {t}"
+            );
+        }
+        // The text before it: a row per timed token and their mean.
+        assert!(
+            text.contains("I/O wait") && text.contains("attention"),
+            "{what}: {text}"
+        );
+        assert_eq!(
+            text.lines()
+                .filter(|l| l.trim_start().starts_with(char::is_numeric))
+                .count(),
+            tokens - 1,
+            "{what}: {text}"
+        );
+        assert!(text.lines().any(|l| l.trim_start().starts_with("mean")), "{what}");
+    }
+}
+
+#[test]
+fn prefetch_alone_means_on_and_other_values_are_refused() {
+    let model = fixture("qwen3-moe-tiny");
+    let model = model.to_str().unwrap();
+    let (_, j) = bench(&["-m", model, "--tokens", "2", "--prefetch", "--json"]);
+    assert_eq!(j["prefetch"].as_bool(), Some(true));
+    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["bench", "-m", model, "--tokens", "2", "--prefetch", "maybe"])
+        .output()
+        .expect("spawn strata");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("maybe") && err.contains("on"), "{err}");
+}
