@@ -17,11 +17,62 @@ use strata_formats::Checkpoint;
 use strata_models::{Expert, ExpertLayout, ExpertStore};
 
 use crate::direct::{AlignedBuf, DirectFile, IoMode};
+use strata_kernels::Owner;
 
-thread_local! {
-    /// Each reader thread's read buffers, one per run of an expert, reused from read to read (a
-    /// fresh buffer per read would have the kernel zero new pages every time).
-    static READ_BUFFERS: std::cell::RefCell<Vec<AlignedBuf>> = const { std::cell::RefCell::new(Vec::new()) };
+/// Read buffers that held experts no one uses any more, kept for the next reads: a fresh buffer
+/// would have the kernel fault in and zero every one of its pages again.
+struct BufferPool {
+    free: Mutex<(Vec<AlignedBuf>, usize)>,
+    /// Most bytes kept free.
+    max_bytes: usize,
+}
+
+impl BufferPool {
+    /// The smallest free buffer of at least `len` bytes, or a new one.
+    fn take(&self, len: usize) -> AlignedBuf {
+        let mut free = self.free.lock().expect("pool lock");
+        let best = (free.0.iter().enumerate())
+            .filter(|(_, b)| b.capacity() >= len)
+            .min_by_key(|(_, b)| b.capacity())
+            .map(|(i, _)| i);
+        match best {
+            Some(i) => {
+                let buf = free.0.swap_remove(i);
+                free.1 -= buf.capacity();
+                buf
+            }
+            None => {
+                drop(free);
+                // Fault the new pages in now: left to the direct read, the kernel pins them one
+                // by one inside it (3-4x slower reads until the cache has filled once).
+                let mut buf = AlignedBuf::new(len);
+                buf.touch();
+                buf
+            }
+        }
+    }
+
+    fn give(&self, buf: AlignedBuf) {
+        let mut free = self.free.lock().expect("pool lock");
+        if free.1 + buf.capacity() <= self.max_bytes {
+            free.1 += buf.capacity();
+            free.0.push(buf);
+        }
+    }
+}
+
+/// An expert's read buffers while its weights view them; back to the pool when dropped.
+struct PooledBuffers {
+    buffers: Vec<AlignedBuf>,
+    pool: Arc<BufferPool>,
+}
+
+impl Drop for PooledBuffers {
+    fn drop(&mut self) {
+        for b in self.buffers.drain(..) {
+            self.pool.give(b);
+        }
+    }
 }
 use crate::plan::ExpertPlan;
 
@@ -48,6 +99,10 @@ pub struct StoreStats {
     /// Wall time with at least one disk read in flight: bytes_read / busy is the bandwidth the
     /// reads achieved while the disk was in use, whatever compute overlapped them.
     pub busy_ns: AtomicU64,
+    /// Expert matrices read from disk that compute straight on their read buffer, and those
+    /// copied out of it (misaligned tensors, or scales widened to f32).
+    pub zero_copy_matrices: AtomicU64,
+    pub copied_matrices: AtomicU64,
     /// Reads in flight, and since when the count has been above zero.
     in_flight: std::sync::Mutex<(usize, Option<std::time::Instant>)>,
 }
@@ -192,6 +247,7 @@ struct Shared {
     shutdown: AtomicBool,
     /// The latest prediction per layer, consumed by that layer's `get`.
     predictions: Mutex<HashMap<usize, HashSet<usize>>>,
+    pool: Arc<BufferPool>,
     prefetch: bool,
     /// `--io mmap`: misses are read through the mapping on the threads that need them, with
     /// nothing read ahead or overlapped (what an engine computing on a mapping gets).
@@ -239,6 +295,17 @@ impl CachedStore {
                 plans.insert((layer, e), ExpertPlan::resolve(ckpt, layout, layer, e)?);
             }
         }
+        // The largest expert's reads (with each run's alignment slack): the memory plan reserves
+        // read buffers for twice the reader threads' worth, half of it for buffers kept free.
+        let largest = (plans.values())
+            .map(|p: &ExpertPlan| {
+                p.runs
+                    .iter()
+                    .map(|r| r.len as usize + 2 * crate::direct::ALIGN)
+                    .sum()
+            })
+            .max()
+            .unwrap_or(0);
         let mut files = Vec::with_capacity(ckpt.n_shards());
         for s in 0..ckpt.n_shards() {
             let path = ckpt.shard_path(s);
@@ -270,6 +337,10 @@ impl CachedStore {
             queued: Condvar::new(),
             shutdown: AtomicBool::new(false),
             predictions: Mutex::new(HashMap::new()),
+            pool: Arc::new(BufferPool {
+                free: Mutex::new((Vec::new(), 0)),
+                max_bytes: DEFAULT_IO_THREADS * largest,
+            }),
             prefetch: prefetch && io == IoMode::Direct,
             demand_paging: io == IoMode::Mmap,
             eviction,
@@ -328,18 +399,37 @@ impl CachedStore {
             pick.push(keys[(state % keys.len() as u64) as usize]);
         }
         let next = std::sync::atomic::AtomicUsize::new(0);
+        // Each thread's buffer is faulted in before the clock starts (as the store's pooled
+        // buffers are once warm), so the figure is the disk's, not the page allocator's.
+        let largest = (pick.iter())
+            .map(|k| {
+                s.plans[k]
+                    .runs
+                    .iter()
+                    .map(|r| r.len as usize + 2 * crate::direct::ALIGN)
+                    .max()
+                    .unwrap_or(0)
+            })
+            .max()
+            .unwrap_or(0);
+        let mut buffers: Vec<AlignedBuf> = (0..DEFAULT_IO_THREADS)
+            .map(|_| AlignedBuf::new(largest))
+            .collect();
+        for b in &mut buffers {
+            b.touch();
+        }
         let t0 = std::time::Instant::now();
         let bytes: std::io::Result<u64> = std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..DEFAULT_IO_THREADS)
-                .map(|_| {
+            let handles: Vec<_> = buffers
+                .iter_mut()
+                .map(|buf| {
                     scope.spawn(|| -> std::io::Result<u64> {
                         let mut n = 0;
-                        let mut buf = AlignedBuf::new(0);
                         loop {
                             let i = next.fetch_add(1, Ordering::Relaxed);
                             let Some(key) = pick.get(i) else { return Ok(n) };
                             for run in &s.plans[key].runs {
-                                s.files[run.shard].read_range_into(run.offset, run.len as usize, &mut buf)?;
+                                s.files[run.shard].read_range_into(run.offset, run.len as usize, buf)?;
                                 n += run.len;
                             }
                         }
@@ -394,60 +484,79 @@ impl Shared {
         }
     }
 
-    /// Reads and decodes one expert from disk: one direct read per run, tensors decoded straight
-    /// from the read buffers.
+    /// Reads one expert from disk, one direct read per run into buffers from the pool; its
+    /// weights are then views into those buffers (no copy), which go back to the pool when the
+    /// last user of the expert drops it.
     fn read(&self, layer: usize, expert: usize) -> Result<Expert, BoxError> {
         let plan = &self.plans[&(layer, expert)];
-        READ_BUFFERS.with(|cell| -> Result<Expert, BoxError> {
-            let mut buffers = cell.borrow_mut();
-            while buffers.len() < plan.runs.len() {
-                buffers.push(AlignedBuf::new(0));
+        let mut buffers = Vec::with_capacity(plan.runs.len());
+        let mut skips = Vec::with_capacity(plan.runs.len());
+        for run in &plan.runs {
+            let file = &self.files[run.shard];
+            if let Some((source, names)) = &self.source {
+                source
+                    .ensure(&names[run.shard], run.offset, run.len)
+                    .map_err(|e| {
+                        format!(
+                            "fetching expert {expert} of layer {layer} ({} bytes at {}): {e}",
+                            run.len, run.offset
+                        )
+                    })?;
             }
-            let mut skips = Vec::with_capacity(plan.runs.len());
-            for (run, buf) in plan.runs.iter().zip(buffers.iter_mut()) {
-                let file = &self.files[run.shard];
-                if let Some((source, names)) = &self.source {
-                    source
-                        .ensure(&names[run.shard], run.offset, run.len)
-                        .map_err(|e| {
-                            format!(
-                                "fetching expert {expert} of layer {layer} ({} bytes at {}): {e}",
-                                run.len, run.offset
-                            )
-                        })?;
-                }
-                self.stats.read_started();
-                let read = file.read_range_into(run.offset, run.len as usize, buf);
-                self.stats.read_finished();
-                let skip = read.map_err(|e| {
-                    format!(
-                        "{}: reading expert {expert} of layer {layer} ({} bytes at {}): {e}",
-                        file.path().display(),
-                        run.len,
-                        run.offset
-                    )
-                })?;
-                self.stats.bytes_read.fetch_add(run.len, Ordering::Relaxed);
-                skips.push(skip);
+            let mut buf = self.pool.take(run.len as usize + 2 * crate::direct::ALIGN);
+            self.stats.read_started();
+            let read = file.read_range_into(run.offset, run.len as usize, &mut buf);
+            self.stats.read_finished();
+            let skip = read.map_err(|e| {
+                format!(
+                    "{}: reading expert {expert} of layer {layer} ({} bytes at {}): {e}",
+                    file.path().display(),
+                    run.len,
+                    run.offset
+                )
+            })?;
+            self.stats.bytes_read.fetch_add(run.len, Ordering::Relaxed);
+            buffers.push(buf);
+            skips.push(skip);
+        }
+        let owned = Arc::new(PooledBuffers {
+            buffers,
+            pool: self.pool.clone(),
+        });
+        let mut pieces: Vec<&[u8]> = vec![&[]; plan.tensors.len()];
+        for ((run, buf), skip) in plan.runs.iter().zip(&owned.buffers).zip(&skips) {
+            let data = &buf.as_slice()[*skip..];
+            for &(i, off, len) in &run.pieces {
+                pieces[i] = &data[off as usize..(off + len) as usize];
             }
-            let mut pieces: Vec<&[u8]> = vec![&[]; plan.tensors.len()];
-            for ((run, buf), skip) in plan.runs.iter().zip(buffers.iter()).zip(&skips) {
-                let data = &buf.as_slice()[*skip..];
-                for &(i, off, len) in &run.pieces {
-                    pieces[i] = &data[off as usize..(off + len) as usize];
-                }
-            }
-            Self::build(plan, &pieces)
-        })
+        }
+        let owner: Owner = owned.clone();
+        // SAFETY: every piece lies in `owned`'s buffers, which nobody writes again until the
+        // owner (held by each weight that views them) is dropped and returns them to the pool.
+        let expert = unsafe { Self::build(plan, &pieces, Some(&owner)) }?;
+        for m in [&expert.gate, &expert.up, &expert.down] {
+            let counter = if m.data.is_borrowed() {
+                &self.stats.zero_copy_matrices
+            } else {
+                &self.stats.copied_matrices
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(expert)
     }
 
-    /// Decodes an expert from its tensors' bytes (in plan order).
-    fn build(plan: &ExpertPlan, pieces: &[&[u8]]) -> Result<Expert, BoxError> {
+    /// An expert from its tensors' bytes (in plan order): views into them where `owner` holds
+    /// them and the format allows, copies otherwise.
+    ///
+    /// # Safety
+    /// As [`strata_models::LinearSpec::build_in`].
+    unsafe fn build(plan: &ExpertPlan, pieces: &[&[u8]], owner: Option<&Owner>) -> Result<Expert, BoxError> {
         let mut next = 0;
         let mut build = |spec: &strata_models::LinearSpec| -> Result<strata_kernels::Linear, BoxError> {
             let refs = &pieces[next..next + spec.tensors.len()];
             next += spec.tensors.len();
-            Ok(spec.build(refs)?)
+            // SAFETY: the caller's contract.
+            Ok(unsafe { spec.build_in(refs, owner) }?)
         };
         Ok(Expert {
             gate: build(&plan.specs[0])?,

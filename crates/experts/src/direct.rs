@@ -42,6 +42,13 @@ impl AlignedBuf {
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 
+    /// Writes every page once, so later reads into the buffer find its memory in place.
+    pub fn touch(&mut self) {
+        for page in self.as_mut_full().chunks_mut(ALIGN) {
+            page[0] = 0;
+        }
+    }
+
     /// Bytes the buffer can hold.
     pub fn capacity(&self) -> usize {
         self.layout.size()

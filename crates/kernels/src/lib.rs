@@ -15,8 +15,10 @@ pub mod int8;
 pub mod intdot;
 mod linear;
 pub mod mxfp4;
+pub mod storage;
 
 pub use linear::{u16_vec_from_bytes, Linear, Prepared, WeightData};
+pub use storage::{Owner, Pod, Storage};
 
 /// Number of threads the kernels may use (rayon's global pool, sized to the machine).
 pub fn threads() -> usize {

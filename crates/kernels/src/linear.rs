@@ -4,6 +4,7 @@
 
 use rayon::prelude::*;
 
+use crate::storage::Storage;
 use crate::{dot, fp8, int4, int8, intdot, mxfp4};
 
 /// A weight matrix's bytes in the format the checkpoint stores. Shapes in comments are for a
@@ -11,42 +12,46 @@ use crate::{dot, fp8, int4, int8, intdot, mxfp4};
 #[derive(Clone, Debug)]
 pub enum WeightData {
     /// (out, in)
-    F32(Vec<f32>),
+    F32(Storage<f32>),
     /// (out, in) BF16 bits
-    Bf16(Vec<u16>),
+    Bf16(Storage<u16>),
     /// (out, in) F16 bits
-    F16(Vec<u16>),
+    F16(Storage<u16>),
     /// FP8 E4M3 (out, in) + f32 scales (ceil(out/bo), ceil(in/bi)) for blocks (bo, bi).
     Fp8 {
-        w: Vec<u8>,
-        scales: Vec<f32>,
+        w: Storage<u8>,
+        scales: Storage<f32>,
         block: (usize, usize),
     },
     /// INT4 pack-quantized: words (out, ceil(in/8)) + BF16 scales (out, ceil(in/group)).
     Int4 {
-        packed: Vec<u32>,
-        scales: Vec<u16>,
+        packed: Storage<u32>,
+        scales: Storage<u16>,
         group: usize,
     },
     /// MXFP4: bytes (out, ceil(in/2)) + E8M0 scales (out, ceil(in/32)).
-    Mxfp4 { packed: Vec<u8>, scales: Vec<u8> },
+    Mxfp4 {
+        packed: Storage<u8>,
+        scales: Storage<u8>,
+    },
     /// INT8: (out, in) + f32 scale per row (out,).
-    Int8 { w: Vec<i8>, scales: Vec<f32> },
+    Int8 { w: Storage<i8>, scales: Storage<f32> },
 }
 
 impl WeightData {
     pub fn bf16_from_le_bytes(bytes: &[u8]) -> WeightData {
-        WeightData::Bf16(u16s(bytes))
+        WeightData::Bf16(u16s(bytes).into())
     }
     pub fn f16_from_le_bytes(bytes: &[u8]) -> WeightData {
-        WeightData::F16(u16s(bytes))
+        WeightData::F16(u16s(bytes).into())
     }
     pub fn f32_from_le_bytes(bytes: &[u8]) -> WeightData {
         WeightData::F32(
             bytes
                 .chunks_exact(4)
                 .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
+                .collect::<Vec<_>>()
+                .into(),
         )
     }
     /// Checks that the buffers fit a (out, in) matrix; says what does not.
@@ -93,6 +98,18 @@ impl WeightData {
                 want("weight", w.len(), out_dim * in_dim)?;
                 want("scales", scales.len(), out_dim)
             }
+        }
+    }
+
+    /// Whether every buffer of the weight is a view into someone else's bytes (no copy).
+    pub fn is_borrowed(&self) -> bool {
+        match self {
+            WeightData::F32(v) => v.is_borrowed(),
+            WeightData::Bf16(v) | WeightData::F16(v) => v.is_borrowed(),
+            WeightData::Fp8 { w, scales, .. } => w.is_borrowed() && scales.is_borrowed(),
+            WeightData::Int4 { packed, scales, .. } => packed.is_borrowed() && scales.is_borrowed(),
+            WeightData::Mxfp4 { packed, scales } => packed.is_borrowed() && scales.is_borrowed(),
+            WeightData::Int8 { w, scales } => w.is_borrowed() && scales.is_borrowed(),
         }
     }
 
@@ -178,7 +195,7 @@ impl Linear {
     }
 
     pub fn from_f32(out_dim: usize, in_dim: usize, w: Vec<f32>) -> Linear {
-        Linear::new(out_dim, in_dim, WeightData::F32(w))
+        Linear::new(out_dim, in_dim, WeightData::F32(w.into()))
     }
 
     /// Bytes the weight occupies in memory (what a cache budgets for).
@@ -407,7 +424,7 @@ mod tests {
         let w: Vec<u16> = (0..out * inp)
             .map(|i| half::bf16::from_f32(((i * 7919) % 1000) as f32 / 500.0 - 1.0).to_bits())
             .collect();
-        let lin = Linear::new(out, inp, WeightData::Bf16(w));
+        let lin = Linear::new(out, inp, WeightData::Bf16(w.into()));
         let xs: Vec<f32> = (0..3 * inp)
             .map(|i| ((i * 31) % 97) as f32 / 97.0 - 0.5)
             .collect();

@@ -88,15 +88,15 @@ fn formats(rng: &mut Rand, out: usize, inp: usize) -> Vec<Linear> {
     let i8w: Vec<i8> = (0..out * inp).map(|_| rng.next() as i8).collect();
     let i8s: Vec<f32> = (0..out).map(|_| rng.f32() * 1e-2).collect();
     vec![
-        Linear::new(out, inp, WeightData::F32(dense)),
-        Linear::new(out, inp, WeightData::Bf16(bf16)),
-        Linear::new(out, inp, WeightData::F16(f16)),
+        Linear::new(out, inp, WeightData::F32(dense.into())),
+        Linear::new(out, inp, WeightData::Bf16(bf16.into())),
+        Linear::new(out, inp, WeightData::F16(f16.into())),
         Linear::new(
             out,
             inp,
             WeightData::Fp8 {
-                w: fp8_codes,
-                scales: fp8_scales,
+                w: fp8_codes.into(),
+                scales: fp8_scales.into(),
                 block,
             },
         ),
@@ -104,8 +104,8 @@ fn formats(rng: &mut Rand, out: usize, inp: usize) -> Vec<Linear> {
             out,
             inp,
             WeightData::Int4 {
-                packed: int4_packed,
-                scales: int4_scales,
+                packed: int4_packed.into(),
+                scales: int4_scales.into(),
                 group,
             },
         ),
@@ -113,11 +113,18 @@ fn formats(rng: &mut Rand, out: usize, inp: usize) -> Vec<Linear> {
             out,
             inp,
             WeightData::Mxfp4 {
-                packed: mx_packed,
-                scales: mx_scales,
+                packed: mx_packed.into(),
+                scales: mx_scales.into(),
             },
         ),
-        Linear::new(out, inp, WeightData::Int8 { w: i8w, scales: i8s }),
+        Linear::new(
+            out,
+            inp,
+            WeightData::Int8 {
+                w: i8w.into(),
+                scales: i8s.into(),
+            },
+        ),
     ]
 }
 

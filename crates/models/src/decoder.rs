@@ -24,8 +24,8 @@ pub struct SeqInput<'a> {
 }
 
 pub enum Attention {
-    Gqa(GqaAttention),
-    Mla(MlaAttention),
+    Gqa(Box<GqaAttention>),
+    Mla(Box<MlaAttention>),
     Kda(Box<KdaAttention>),
 }
 

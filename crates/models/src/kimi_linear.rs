@@ -604,7 +604,7 @@ pub(crate) fn load_hybrid(
         let a = format!("{p}self_attn.");
         let attn = match c.kinds[l] {
             LayerKind::Kda => Attention::Kda(Box::new(load_kda(ckpt, &a, c)?)),
-            LayerKind::Mla => Attention::Mla(load_mla(ckpt, &a, c)?),
+            LayerKind::Mla => Attention::Mla(Box::new(load_mla(ckpt, &a, c)?)),
         };
         let ffn = if c.is_moe(l) {
             let b = format!("{p}block_sparse_moe.");

@@ -135,7 +135,7 @@ pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, stores: StoreFactory<'_>) -> Re
         };
         blocks.push(Block {
             attn_norm: load_vector(ckpt, &format!("{p}.input_layernorm.weight"), c.hidden)?,
-            attn: Attention::Gqa(attn),
+            attn: Attention::Gqa(Box::new(attn)),
             ffn_norm: load_vector(ckpt, &format!("{p}.post_attention_layernorm.weight"), c.hidden)?,
             ffn,
             res: None,

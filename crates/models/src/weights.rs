@@ -14,7 +14,7 @@
 //! the expert store can resolve every expert at load time and read its bytes later, its own way.
 
 use strata_formats::{bytes_to_f32, Checkpoint, DType, FormatError};
-use strata_kernels::{u16_vec_from_bytes, Linear, WeightData};
+use strata_kernels::{u16_vec_from_bytes, Linear, Owner, Pod, Storage, WeightData};
 
 use crate::Result;
 
@@ -200,6 +200,23 @@ fn check_weight_shape(ckpt: &Checkpoint, name: &str, out_dim: usize, in_dim: usi
 impl LinearSpec {
     /// Builds the weight from the bytes of `self.tensors`, in order (as read from disk).
     pub fn build(&self, bytes: &[&[u8]]) -> std::result::Result<Linear, String> {
+        // SAFETY: no owner: every element is copied.
+        unsafe { self.build_in(bytes, None) }
+    }
+
+    /// Like [`LinearSpec::build`], but where the bytes can serve as the weight as they are
+    /// (aligned, little-endian, already the stored element type) the weight is a view into them
+    /// kept alive by `owner` instead of a copy; the rest (e.g. BF16 scales widened to f32) is
+    /// copied.
+    ///
+    /// # Safety
+    /// With an owner, every slice of `bytes` must lie in memory that `owner` keeps valid and
+    /// unchanged for as long as it lives.
+    pub unsafe fn build_in(
+        &self,
+        bytes: &[&[u8]],
+        owner: Option<&Owner>,
+    ) -> std::result::Result<Linear, String> {
         if bytes.len() != self.tensors.len() {
             return Err(format!(
                 "{}: expected {} tensors, got {}",
@@ -208,30 +225,54 @@ impl LinearSpec {
                 bytes.len()
             ));
         }
+        /// # Safety
+        /// As `build_in`.
+        unsafe fn borrowed<T: Pod>(owner: Option<&Owner>, b: &[u8]) -> Option<Storage<T>> {
+            // SAFETY: the caller's contract on `owner` and `b`.
+            owner.and_then(|o| unsafe { Storage::borrow(o, b) })
+        }
+        // SAFETY (all uses below): `bytes` are the caller's, under its contract.
+        macro_rules! view {
+            ($b:expr) => {
+                unsafe { borrowed(owner, $b) }
+            };
+        }
+        let f32s = |b: &[u8], dtype: DType| -> Storage<f32> {
+            match dtype {
+                DType::F32 => view!(b).unwrap_or_else(|| bytes_to_f32(b, dtype).into()),
+                _ => bytes_to_f32(b, dtype).into(),
+            }
+        };
         let data = match &self.format {
-            LinearFormat::Dense(DType::BF16) => WeightData::bf16_from_le_bytes(bytes[0]),
-            LinearFormat::Dense(DType::F16) => WeightData::f16_from_le_bytes(bytes[0]),
-            LinearFormat::Dense(_) => WeightData::f32_from_le_bytes(bytes[0]),
+            LinearFormat::Dense(DType::BF16) => {
+                WeightData::Bf16(view!(bytes[0]).unwrap_or_else(|| u16s(bytes[0]).into()))
+            }
+            LinearFormat::Dense(DType::F16) => {
+                WeightData::F16(view!(bytes[0]).unwrap_or_else(|| u16s(bytes[0]).into()))
+            }
+            LinearFormat::Dense(dtype) => WeightData::F32(f32s(bytes[0], *dtype)),
             LinearFormat::Fp8 { block, scale_dtype } => WeightData::Fp8 {
-                w: bytes[0].to_vec(),
-                scales: bytes_to_f32(bytes[1], *scale_dtype),
+                w: view!(bytes[0]).unwrap_or_else(|| bytes[0].to_vec().into()),
+                scales: f32s(bytes[1], *scale_dtype),
                 block: *block,
             },
             LinearFormat::Int8 { scale_dtype } => WeightData::Int8 {
-                w: bytes[0].iter().map(|&b| b as i8).collect(),
-                scales: bytes_to_f32(bytes[1], *scale_dtype),
+                w: view!(bytes[0]).unwrap_or_else(|| bytes[0].iter().map(|&b| b as i8).collect()),
+                scales: f32s(bytes[1], *scale_dtype),
             },
             LinearFormat::Int4 { group } => WeightData::Int4 {
-                packed: bytes[0]
-                    .chunks_exact(4)
-                    .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
-                    .collect(),
-                scales: u16s(bytes[1]),
+                packed: view!(bytes[0]).unwrap_or_else(|| {
+                    bytes[0]
+                        .chunks_exact(4)
+                        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+                        .collect()
+                }),
+                scales: view!(bytes[1]).unwrap_or_else(|| u16s(bytes[1]).into()),
                 group: *group,
             },
             LinearFormat::Mxfp4 => WeightData::Mxfp4 {
-                packed: bytes[0].to_vec(),
-                scales: bytes[1].to_vec(),
+                packed: view!(bytes[0]).unwrap_or_else(|| bytes[0].to_vec().into()),
+                scales: view!(bytes[1]).unwrap_or_else(|| bytes[1].to_vec().into()),
             },
         };
         data.check_shape(self.out_dim, self.in_dim)
@@ -247,9 +288,9 @@ pub fn load_linear(ckpt: &Checkpoint, base: &str, out_dim: usize, in_dim: usize)
     if let LinearFormat::Dense(dtype @ (DType::BF16 | DType::F16)) = spec.format {
         let words = u16_vec_from_bytes(out_dim * in_dim, |bytes| ckpt.read_into(&spec.tensors[0], bytes))?;
         let data = if dtype == DType::BF16 {
-            WeightData::Bf16(words)
+            WeightData::Bf16(words.into())
         } else {
-            WeightData::F16(words)
+            WeightData::F16(words.into())
         };
         return Ok(Linear::new(out_dim, in_dim, data));
     }

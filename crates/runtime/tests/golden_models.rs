@@ -191,5 +191,15 @@ fn streaming_every_expert_from_disk_changes_no_result() {
             evictions > 0 && read > 0,
             "{name}: expected reads and evictions, got {read} bytes, {evictions} evictions"
         );
+        // Experts compute on the bytes read from disk: no copy (every fixture's tensors are
+        // aligned and stored as their compute type; FP8 scales are f32).
+        let copied = stats.copied_matrices.load(std::sync::atomic::Ordering::Relaxed);
+        let zero = stats
+            .zero_copy_matrices
+            .load(std::sync::atomic::Ordering::Relaxed);
+        assert!(
+            zero > 0 && copied == 0,
+            "{name}: {zero} matrices read zero-copy, {copied} copied"
+        );
     }
 }

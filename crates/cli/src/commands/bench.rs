@@ -25,9 +25,15 @@ pub struct BenchArgs {
     /// Prompt length (token ids 1..=N).
     #[arg(long, default_value_t = 4)]
     prompt_len: usize,
-    /// Experts read (not decoded) to measure the disk's direct-read bandwidth first.
-    #[arg(long, default_value_t = 48)]
+    /// Experts read (not decoded) to measure the disk's direct-read bandwidth, before the decode
+    /// and again after it.
+    #[arg(long, default_value_t = 64)]
     raw_samples: usize,
+    /// Experts read to measure the disk again after every token (outside the token's time), so
+    /// each token's reads compare with what the disk gave right around them; 0: only before and
+    /// after the decode. A VM's disk can swing 3x within seconds.
+    #[arg(long, default_value_t = 16, value_name = "N")]
+    raw_probe: usize,
     /// Print the figures as one JSON object on the last line of stdout (after the text).
     #[arg(long)]
     json: bool,
@@ -60,8 +66,13 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     let Some(store) = engine.experts.clone() else {
         bail!("this model has no routed experts to stream");
     };
-    let (raw_bytes, raw_s) = store.raw_read_bandwidth(args.raw_samples)?;
-    let raw_bw = raw_bytes as f64 / raw_s;
+    // The disk's own rate, before the decode and again after it (a VM's disk drifts): the bound
+    // is their mean.
+    let raw = || -> Result<f64> {
+        let (bytes, s) = store.raw_read_bandwidth(args.raw_samples)?;
+        Ok(bytes as f64 / s)
+    };
+    let raw_before = raw()?;
 
     let vocab = engine.model.info().vocab_size as u32;
     let prompt: Vec<u32> = (1..=args.prompt_len as u32).map(|i| i % vocab).collect();
@@ -85,39 +96,62 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         ProgressStyle::with_template("{bar:40} {pos}/{len} tokens {per_sec} ETA {eta}")
             .expect("progress template"),
     );
-    let mut marks: Vec<Mark> = Vec::new();
+    // Per token: (its end, the disk's rate probed right after it, the next token's start).
+    let mut marks: Vec<(Mark, Option<f64>, Mark)> = Vec::new();
+    let mut probe_error = None;
     let t0 = Instant::now();
     let before = mark();
     engine.generate(std::slice::from_ref(&request), |_, e| {
         if let GenEvent::Token { .. } = e {
-            marks.push(mark());
+            let end = mark();
+            let probe = (args.raw_probe > 0).then(|| match store.raw_read_bandwidth(args.raw_probe) {
+                Ok((bytes, s)) => bytes as f64 / s,
+                Err(e) => {
+                    probe_error.get_or_insert(e);
+                    f64::NAN
+                }
+            });
+            marks.push((end, probe, mark()));
             bar.inc(1);
         }
     })?;
     bar.finish_and_clear();
+    if let Some(e) = probe_error {
+        bail!("measuring the disk between tokens: {e}");
+    }
     if marks.len() < 2 {
         bail!("--tokens must be at least 2 to time decoding");
     }
-    let prefill_s = (marks[0].at - t0).as_secs_f64();
-    let prefill_stats = marks[0].store;
+    let raw_after = raw()?;
+    let prefill_s = (marks[0].0.at - t0).as_secs_f64();
+    let prefill_stats = marks[0].0.store;
+    // Token i runs from token i-1's next start to its own end; its disk rate is the mean of the
+    // probes on either side (or of the whole-run measurements without probes).
     let tokens: Vec<TokenFigures> = marks
         .windows(2)
-        .map(|w| TokenFigures::between(&w[0], &w[1]))
+        .map(|w| {
+            let raw = match (w[0].1, w[1].1) {
+                (Some(a), Some(b)) => (a + b) / 2.0,
+                _ => (raw_before + raw_after) / 2.0,
+            };
+            TokenFigures::between(&w[0].2, &w[1].0, raw)
+        })
         .collect();
-    let total = TokenFigures::between(&marks[0], &marks[marks.len() - 1]);
+    let total = TokenFigures::sum(&tokens);
+    let raw_bw = total.raw_gbs * 1e9;
     let steps = tokens.len() as f64;
     let decode_s = total.seconds;
     let (bytes, wait_s) = (total.bytes, total.wait_s);
     let per_token_s = decode_s / steps;
     let bytes_per_token = bytes / steps;
-    let io_bound_s = bytes_per_token / raw_bw;
+    let io_bound_s = total.io_bound_s() / steps;
     let compute_s = (decode_s - wait_s) / steps;
     let effective_bw = total.read_gbs() * 1e9;
     let hit_rate = total.hit_rate();
     let ratio = per_token_s / (io_bound_s + compute_s);
     let wasted = st.wasted_bytes.load(Ordering::Relaxed) as f64;
     let recall = total.recall();
-    let total_read = (marks[marks.len() - 1].store[2] - before.store[2]) as f64;
+    let total_read = (marks[marks.len() - 1].0.store[2] - before.store[2]) as f64;
 
     let info = engine.model.info();
     let moe_here = info.experts.as_ref().map_or(0, |l| l.moe_layers.len()).max(1);
@@ -152,9 +186,15 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         store.budget() as f64 / (1u64 << 30) as f64
     );
     println!(
-        "disk direct reads     {:.2} GB/s ({} experts' runs, same reads and parallelism as the store)",
-        raw_bw / 1e9,
-        args.raw_samples
+        "disk direct reads     {:.2} GB/s before the decode, {:.2} after ({} experts' runs each, same reads and parallelism as the store); {}",
+        raw_before / 1e9,
+        raw_after / 1e9,
+        args.raw_samples,
+        if args.raw_probe > 0 {
+            format!("between tokens ({} experts each): \"disk GB/s\" below", args.raw_probe)
+        } else {
+            "each token compared with their mean".to_string()
+        }
     );
     println!(
         "prefill               {} tokens in {prefill_s:.2} s",
@@ -166,7 +206,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         1.0 / per_token_s
     );
     println!(
-        "{:>5} {:>8} {:>8} {:>8} {:>9} {:>8} {:>8} {:>9} {:>6} {:>7}",
+        "{:>5} {:>8} {:>8} {:>8} {:>9} {:>8} {:>8} {:>9} {:>9} {:>6} {:>8}",
         "token",
         "s",
         "I/O wait",
@@ -175,12 +215,13 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         "other",
         "MB read",
         "read GB/s",
+        "disk GB/s",
         "hit %",
         "recall %"
     );
     let row = |label: &str, t: &TokenFigures, n: f64| {
         println!(
-            "{label:>5} {:>8.3} {:>8.3} {:>8.3} {:>9.3} {:>8.3} {:>8.1} {:>9.2} {:>6.1} {:>7.1}",
+            "{label:>5} {:>8.3} {:>8.3} {:>8.3} {:>9.3} {:>8.3} {:>8.1} {:>9.2} {:>9.2} {:>6.1} {:>8.1}",
             t.seconds / n,
             t.wait_s / n,
             t.expert_s / n,
@@ -188,6 +229,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             t.other_s() / n,
             t.bytes / n / 1e6,
             t.read_gbs(),
+            t.raw_gbs,
             100.0 * t.hit_rate(),
             100.0 * t.recall()
         )
@@ -204,9 +246,10 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         100.0 * wait_s / decode_s
     );
     println!(
-        "effective read        {:.2} GB/s = {:.0} % of the disk's direct-read bandwidth (bytes over the time reads were in flight)",
+        "effective read        {:.2} GB/s = {:.0} % of the disk's direct-read bandwidth around each token, {:.2} GB/s (bytes over the time reads were in flight)",
         effective_bw / 1e9,
-        100.0 * effective_bw / raw_bw
+        100.0 * effective_bw / raw_bw,
+        raw_bw / 1e9
     );
     println!(
         "bound                 I/O {io_bound_s:.3} s + compute {compute_s:.3} s per token; token time is {ratio:.2} x their sum"
@@ -252,6 +295,8 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             "bytes_read_per_token": bytes_per_token,
             "read_gbps": effective_bw / 1e9,
             "raw_gbps": raw_bw / 1e9,
+            "raw_gbps_before": raw_before / 1e9,
+            "raw_gbps_after": raw_after / 1e9,
             "hit_rate": hit_rate,
             "io_wait_fraction": if decode_s > 0.0 { wait_s / decode_s } else { 0.0 },
             "expert_compute_s_per_token": total.expert_s / steps,
@@ -311,6 +356,9 @@ struct Mark {
 
 /// What happened between two marks (one token, or the whole decode).
 struct TokenFigures {
+    /// The disk's direct-read rate around this token (for a sum: bytes over the sum of each
+    /// token's bytes / rate).
+    raw_gbs: f64,
     seconds: f64,
     wait_s: f64,
     busy_s: f64,
@@ -324,11 +372,12 @@ struct TokenFigures {
 }
 
 impl TokenFigures {
-    fn between(a: &Mark, b: &Mark) -> TokenFigures {
+    fn between(a: &Mark, b: &Mark, raw_bw: f64) -> TokenFigures {
         let d = |i: usize| (b.store[i] - a.store[i]) as f64;
         let wait_s = d(4) / 1e9;
         let moe_s = (b.phases[1] - a.phases[1]) as f64 / 1e9;
         TokenFigures {
+            raw_gbs: raw_bw / 1e9,
             seconds: (b.at - a.at).as_secs_f64(),
             wait_s,
             busy_s: d(5) / 1e9,
@@ -340,6 +389,37 @@ impl TokenFigures {
             misses: d(1),
             asked: (b.asked - a.asked) as f64,
             right: (b.right - a.right) as f64,
+        }
+    }
+
+    fn sum(all: &[TokenFigures]) -> TokenFigures {
+        let add = |f: fn(&TokenFigures) -> f64| all.iter().map(f).sum::<f64>();
+        let (bytes, bound) = (add(|t| t.bytes), add(|t| t.io_bound_s()));
+        TokenFigures {
+            raw_gbs: if bound > 0.0 {
+                bytes / bound / 1e9
+            } else {
+                add(|t| t.raw_gbs) / all.len() as f64
+            },
+            seconds: add(|t| t.seconds),
+            wait_s: add(|t| t.wait_s),
+            busy_s: add(|t| t.busy_s),
+            expert_s: add(|t| t.expert_s),
+            attention_s: add(|t| t.attention_s),
+            bytes,
+            hits: add(|t| t.hits),
+            misses: add(|t| t.misses),
+            asked: add(|t| t.asked),
+            right: add(|t| t.right),
+        }
+    }
+
+    /// The time the disk needs for these bytes at its measured rate.
+    fn io_bound_s(&self) -> f64 {
+        if self.raw_gbs > 0.0 {
+            self.bytes / (self.raw_gbs * 1e9)
+        } else {
+            0.0
         }
     }
 
@@ -378,7 +458,8 @@ impl TokenFigures {
         serde_json::json!({
             "seconds": self.seconds, "io_wait_s": self.wait_s, "expert_compute_s": self.expert_s,
             "attention_s": self.attention_s, "other_s": self.other_s(), "bytes_read": self.bytes,
-            "read_gbps": self.read_gbs(), "hit_rate": self.hit_rate(), "prefetch_recall": self.recall(),
+            "read_gbps": self.read_gbs(), "raw_gbps": self.raw_gbs, "hit_rate": self.hit_rate(),
+            "prefetch_recall": self.recall(),
         })
     }
 }
