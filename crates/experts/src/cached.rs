@@ -400,7 +400,7 @@ impl CachedStore {
         }
         let next = std::sync::atomic::AtomicUsize::new(0);
         // Each thread's buffer is faulted in before the clock starts (as the store's pooled
-        // buffers are once warm), so the figure is the disk's, not the page allocator's.
+        // buffers are), so the figure is the disk's, not the page allocator's.
         let largest = (pick.iter())
             .map(|k| {
                 s.plans[k]
@@ -412,12 +412,8 @@ impl CachedStore {
             })
             .max()
             .unwrap_or(0);
-        let mut buffers: Vec<AlignedBuf> = (0..DEFAULT_IO_THREADS)
-            .map(|_| AlignedBuf::new(largest))
-            .collect();
-        for b in &mut buffers {
-            b.touch();
-        }
+        // From the pool (and back to it below): probing between tokens takes no fresh memory.
+        let mut buffers: Vec<AlignedBuf> = (0..DEFAULT_IO_THREADS).map(|_| s.pool.take(largest)).collect();
         let t0 = std::time::Instant::now();
         let bytes: std::io::Result<u64> = std::thread::scope(|scope| {
             let handles: Vec<_> = buffers
@@ -441,7 +437,11 @@ impl CachedStore {
                 .map(|h| h.join().expect("reader thread"))
                 .sum()
         });
-        Ok((bytes?, t0.elapsed().as_secs_f64()))
+        let seconds = t0.elapsed().as_secs_f64();
+        for b in buffers {
+            s.pool.give(b);
+        }
+        Ok((bytes?, seconds))
     }
 }
 
