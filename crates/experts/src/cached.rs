@@ -76,6 +76,9 @@ impl Drop for PooledBuffers {
 }
 use crate::plan::ExpertPlan;
 
+mod uring;
+pub use uring::available as uring_available;
+
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type Key = (usize, usize);
 
@@ -341,21 +344,33 @@ impl CachedStore {
                 free: Mutex::new((Vec::new(), 0)),
                 max_bytes: DEFAULT_IO_THREADS * largest,
             }),
-            prefetch: prefetch && io == IoMode::Direct,
+            prefetch: prefetch && io != IoMode::Mmap,
             demand_paging: io == IoMode::Mmap,
             eviction,
             layer_stats: Mutex::new(BTreeMap::new()),
             stats: StoreStats::default(),
         });
-        let workers = (0..DEFAULT_IO_THREADS)
-            .map(|i| {
-                let shared = shared.clone();
-                std::thread::Builder::new()
-                    .name(format!("strata-io-{i}"))
-                    .spawn(move || shared.worker())
-                    .expect("spawning a reader thread")
-            })
-            .collect();
+        let workers = if io == IoMode::Uring {
+            let ring = uring::Ring::new(&shared.files).map_err(|e| strata_formats::FormatError::Io {
+                path: ckpt.shard_path(0).to_path_buf(),
+                source: std::io::Error::new(e.kind(), format!("setting up io_uring: {e}")),
+            })?;
+            let shared = shared.clone();
+            vec![std::thread::Builder::new()
+                .name("strata-uring".into())
+                .spawn(move || shared.uring_worker(ring))
+                .expect("spawning the io_uring thread")]
+        } else {
+            (0..DEFAULT_IO_THREADS)
+                .map(|i| {
+                    let shared = shared.clone();
+                    std::thread::Builder::new()
+                        .name(format!("strata-io-{i}"))
+                        .spawn(move || shared.worker())
+                        .expect("spawning a reader thread")
+                })
+                .collect()
+        };
         Ok(CachedStore {
             stats: Arc::new(StatsView(shared.clone())),
             shared,
@@ -476,11 +491,7 @@ impl Shared {
             } else {
                 self.read(key.0, key.1).map(Arc::new).map_err(|e| e.to_string())
             };
-            if let Ok(expert) = &result {
-                self.insert(key, expert.clone());
-            }
-            self.inflight.lock().expect("in-flight lock").remove(&key);
-            slot.complete(result);
+            self.finish(key, &slot, result);
         }
     }
 
@@ -493,16 +504,7 @@ impl Shared {
         let mut skips = Vec::with_capacity(plan.runs.len());
         for run in &plan.runs {
             let file = &self.files[run.shard];
-            if let Some((source, names)) = &self.source {
-                source
-                    .ensure(&names[run.shard], run.offset, run.len)
-                    .map_err(|e| {
-                        format!(
-                            "fetching expert {expert} of layer {layer} ({} bytes at {}): {e}",
-                            run.len, run.offset
-                        )
-                    })?;
-            }
+            self.ensure_local((layer, expert), run)?;
             let mut buf = self.pool.take(run.len as usize + 2 * crate::direct::ALIGN);
             self.stats.read_started();
             let read = file.read_range_into(run.offset, run.len as usize, &mut buf);
@@ -519,12 +521,23 @@ impl Shared {
             buffers.push(buf);
             skips.push(skip);
         }
+        self.assemble(plan, buffers, &skips)
+    }
+
+    /// The expert whose runs were read into `buffers` (each run starting `skips[i]` bytes in):
+    /// its weights view the buffers, which return to the pool with the expert's last user.
+    fn assemble(
+        &self,
+        plan: &ExpertPlan,
+        buffers: Vec<AlignedBuf>,
+        skips: &[usize],
+    ) -> Result<Expert, BoxError> {
         let owned = Arc::new(PooledBuffers {
             buffers,
             pool: self.pool.clone(),
         });
         let mut pieces: Vec<&[u8]> = vec![&[]; plan.tensors.len()];
-        for ((run, buf), skip) in plan.runs.iter().zip(&owned.buffers).zip(&skips) {
+        for ((run, buf), skip) in plan.runs.iter().zip(&owned.buffers).zip(skips) {
             let data = &buf.as_slice()[*skip..];
             for &(i, off, len) in &run.pieces {
                 pieces[i] = &data[off as usize..(off + len) as usize];
@@ -543,6 +556,30 @@ impl Shared {
             counter.fetch_add(1, Ordering::Relaxed);
         }
         Ok(expert)
+    }
+
+    /// Fetches run `run` of `key` into the local cache first when the model is remote.
+    fn ensure_local(&self, key: Key, run: &crate::plan::ReadRun) -> Result<(), BoxError> {
+        if let Some((source, names)) = &self.source {
+            source
+                .ensure(&names[run.shard], run.offset, run.len)
+                .map_err(|e| {
+                    format!(
+                        "fetching expert {} of layer {} ({} bytes at {}): {e}",
+                        key.1, key.0, run.len, run.offset
+                    )
+                })?;
+        }
+        Ok(())
+    }
+
+    /// What a finished read of `key` leaves behind: the cache gets the expert, waiters the result.
+    fn finish(&self, key: Key, slot: &InFlight, result: Result<Arc<Expert>, String>) {
+        if let Ok(expert) = &result {
+            self.insert(key, expert.clone());
+        }
+        self.inflight.lock().expect("in-flight lock").remove(&key);
+        slot.complete(result);
     }
 
     /// An expert from its tensors' bytes (in plan order): views into them where `owner` holds

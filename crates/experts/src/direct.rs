@@ -49,6 +49,20 @@ impl AlignedBuf {
         }
     }
 
+    /// The buffer's start, for a read submitted elsewhere (io_uring) to fill.
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// Declares the first `len` bytes filled (by a read submitted elsewhere).
+    ///
+    /// # Safety
+    /// The first `len` bytes must have been written, and `len` must not exceed the capacity.
+    pub unsafe fn set_len(&mut self, len: usize) {
+        debug_assert!(len <= self.capacity());
+        self.len = len;
+    }
+
     /// Bytes the buffer can hold.
     pub fn capacity(&self) -> usize {
         self.layout.size()
@@ -67,12 +81,15 @@ impl Drop for AlignedBuf {
     }
 }
 
-/// How expert bytes are read: `Direct` (the default and the point of strata) or `Mmap` (demand
-/// paging through a shared mapping; kept only so benchmarks can measure what it costs).
+/// How expert bytes are read: `Direct` (the default and the point of strata: a pool of reader
+/// threads issuing direct `pread`s), `Uring` (the same direct reads submitted through one
+/// io_uring by one thread, Linux only) or `Mmap` (demand paging through a shared mapping; kept
+/// only so benchmarks can measure what it costs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum IoMode {
     #[default]
     Direct,
+    Uring,
     Mmap,
 }
 
@@ -158,7 +175,7 @@ impl DirectFile {
     /// Opens the file in `mode`.
     pub fn open_mode(path: &Path, mode: IoMode) -> std::io::Result<DirectFile> {
         match mode {
-            IoMode::Direct => Self::open(path),
+            IoMode::Direct | IoMode::Uring => Self::open(path),
             IoMode::Mmap => Self::open_mmap(path),
         }
     }
@@ -196,6 +213,12 @@ impl DirectFile {
             direct: false,
             map,
         })
+    }
+
+    /// The descriptor reads go to (io_uring submissions name it).
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.file.as_raw_fd()
     }
 
     pub fn path(&self) -> &Path {

@@ -9,6 +9,6 @@ mod cached;
 pub mod direct;
 mod plan;
 
-pub use cached::{CachedStore, Eviction, StatsView, StoreStats, DEFAULT_IO_THREADS};
+pub use cached::{uring_available, CachedStore, Eviction, StatsView, StoreStats, DEFAULT_IO_THREADS};
 pub use direct::IoMode;
 pub use plan::{ExpertPlan, ReadRun};

@@ -6,14 +6,28 @@ use strata_testkit::{as_u32s, golden, ScratchCopy};
 
 #[test]
 fn a_shard_truncated_mid_run_is_a_clear_error() {
+    for (io, tag) in [
+        (strata_experts::IoMode::Direct, "shrink"),
+        (strata_experts::IoMode::Uring, "shrink-uring"),
+    ] {
+        if io == strata_experts::IoMode::Uring && !strata_experts::uring_available() {
+            eprintln!("io_uring is not available to this process: only --io pread checked");
+            continue;
+        }
+        truncated_mid_run(io, tag);
+    }
+}
+
+fn truncated_mid_run(io: strata_experts::IoMode, tag: &str) {
     let model = "qwen3-moe-tiny";
-    let scratch = ScratchCopy::new(model, "shrink");
+    let scratch = ScratchCopy::new(model, tag);
     let plan = ModelPlan::from_dir(&scratch.0).unwrap();
     // No expert fits in the cache: every routed expert is read at use.
     let engine = Engine::load(
         &scratch.0,
         &LoadOptions {
             expert_cache: Some(1),
+            io,
             ..Default::default()
         },
     )
@@ -39,7 +53,7 @@ fn a_shard_truncated_mid_run_is_a_clear_error() {
         .to_string();
     assert!(
         cut.iter().any(|name| err.contains(name.as_str())),
-        "error names no shard: {err}"
+        "{io:?}: error names no shard: {err}"
     );
-    assert!(err.contains("truncated"), "error does not say why: {err}");
+    assert!(err.contains("truncated"), "{io:?}: error does not say why: {err}");
 }

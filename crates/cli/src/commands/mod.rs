@@ -137,8 +137,9 @@ pub struct MemArgs {
     #[arg(long, value_enum, value_name = "on|off", num_args = 0..=1, default_missing_value = "on",
           default_value_t = Switch::Off)]
     prefetch: Switch,
-    /// How expert bytes are read: `pread` (direct reads that bypass the page cache) or `mmap`
-    /// (demand paging; 5-15x slower for this access pattern, kept to measure that).
+    /// How expert bytes are read: `pread` (direct reads that bypass the page cache, by a pool of
+    /// reader threads), `uring` (the same direct reads through one io_uring, Linux) or `mmap`
+    /// (demand paging, kept to measure what it costs).
     #[arg(long, value_enum, default_value_t = Io::Pread)]
     io: Io,
     /// Which cached expert makes room: `lru` (least recently used) or `lfu` (least frequently
@@ -165,6 +166,7 @@ pub enum Switch {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Io {
     Pread,
+    Uring,
     Mmap,
 }
 
@@ -182,6 +184,7 @@ impl MemArgs {
             },
             io: match self.io {
                 Io::Pread => strata_experts::IoMode::Direct,
+                Io::Uring => strata_experts::IoMode::Uring,
                 Io::Mmap => strata_experts::IoMode::Mmap,
             },
         }
