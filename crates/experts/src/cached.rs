@@ -9,7 +9,7 @@
 //! are cancelled; recall and wasted bytes are counted.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -19,64 +19,13 @@ use strata_models::{Expert, ExpertLayout, ExpertStore};
 use crate::direct::{AlignedBuf, DirectFile, IoMode};
 use strata_kernels::Owner;
 
-/// Read buffers that held experts no one uses any more, kept for the next reads: a fresh buffer
-/// would have the kernel fault in and zero every one of its pages again.
-struct BufferPool {
-    free: Mutex<(Vec<AlignedBuf>, usize)>,
-    /// Most bytes kept free.
-    max_bytes: usize,
-}
-
-impl BufferPool {
-    /// The smallest free buffer of at least `len` bytes, or a new one.
-    fn take(&self, len: usize) -> AlignedBuf {
-        let mut free = self.free.lock().expect("pool lock");
-        let best = (free.0.iter().enumerate())
-            .filter(|(_, b)| b.capacity() >= len)
-            .min_by_key(|(_, b)| b.capacity())
-            .map(|(i, _)| i);
-        match best {
-            Some(i) => {
-                let buf = free.0.swap_remove(i);
-                free.1 -= buf.capacity();
-                buf
-            }
-            None => {
-                drop(free);
-                // Fault the new pages in now: left to the direct read, the kernel pins them one
-                // by one inside it (3-4x slower reads until the cache has filled once).
-                let mut buf = AlignedBuf::new(len);
-                buf.touch();
-                buf
-            }
-        }
-    }
-
-    fn give(&self, buf: AlignedBuf) {
-        let mut free = self.free.lock().expect("pool lock");
-        if free.1 + buf.capacity() <= self.max_bytes {
-            free.1 += buf.capacity();
-            free.0.push(buf);
-        }
-    }
-}
-
-/// An expert's read buffers while its weights view them; back to the pool when dropped.
-struct PooledBuffers {
-    buffers: Vec<AlignedBuf>,
-    pool: Arc<BufferPool>,
-}
-
-impl Drop for PooledBuffers {
-    fn drop(&mut self) {
-        for b in self.buffers.drain(..) {
-            self.pool.give(b);
-        }
-    }
-}
 use crate::plan::ExpertPlan;
 
+mod pool;
+mod stats;
 mod uring;
+use pool::{BufferPool, PooledBuffers};
+pub use stats::StoreStats;
 pub use uring::available as uring_available;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -84,70 +33,6 @@ type Key = (usize, usize);
 
 /// The result of a queued guess that was cancelled before it was read.
 const CANCELLED: &str = "cancelled";
-
-#[derive(Debug, Default)]
-pub struct StoreStats {
-    pub hits: AtomicU64,
-    pub misses: AtomicU64,
-    pub bytes_read: AtomicU64,
-    pub evictions: AtomicU64,
-    /// Wall time callers spent waiting for expert reads (and their decoding).
-    pub wait_ns: AtomicU64,
-    /// Experts asked for whose layer had a prediction, and how many of them were predicted.
-    pub predicted_asked: AtomicU64,
-    pub predicted_right: AtomicU64,
-    /// Predicted experts the layer did not use (read or cancelled), and the bytes actually read for them.
-    pub predicted_wrong: AtomicU64,
-    pub wasted_bytes: AtomicU64,
-    /// Wall time with at least one disk read in flight: bytes_read / busy is the bandwidth the
-    /// reads achieved while the disk was in use, whatever compute overlapped them.
-    pub busy_ns: AtomicU64,
-    /// Expert matrices read from disk that compute straight on their read buffer, and those
-    /// copied out of it (misaligned tensors, or scales widened to f32).
-    pub zero_copy_matrices: AtomicU64,
-    pub copied_matrices: AtomicU64,
-    /// Reads in flight, and since when the count has been above zero.
-    in_flight: std::sync::Mutex<(usize, Option<std::time::Instant>)>,
-}
-
-impl StoreStats {
-    /// [hits, misses, bytes_read, evictions, wait_ns, busy_ns]
-    pub fn snapshot(&self) -> [u64; 6] {
-        [
-            self.hits.load(Ordering::Relaxed),
-            self.misses.load(Ordering::Relaxed),
-            self.bytes_read.load(Ordering::Relaxed),
-            self.evictions.load(Ordering::Relaxed),
-            self.wait_ns.load(Ordering::Relaxed),
-            self.busy_now(),
-        ]
-    }
-
-    /// busy_ns, counting the stretch still running.
-    fn busy_now(&self) -> u64 {
-        let open = self.in_flight.lock().expect("in-flight lock").1;
-        self.busy_ns.load(Ordering::Relaxed) + open.map_or(0, |t| t.elapsed().as_nanos() as u64)
-    }
-
-    fn read_started(&self) {
-        let mut f = self.in_flight.lock().expect("in-flight lock");
-        if f.0 == 0 {
-            f.1 = Some(std::time::Instant::now());
-        }
-        f.0 += 1;
-    }
-
-    fn read_finished(&self) {
-        let mut f = self.in_flight.lock().expect("in-flight lock");
-        f.0 -= 1;
-        if f.0 == 0 {
-            if let Some(t) = f.1.take() {
-                self.busy_ns
-                    .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            }
-        }
-    }
-}
 
 /// Which cached expert makes room for a new one.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
