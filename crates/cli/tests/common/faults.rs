@@ -30,7 +30,8 @@ pub const ALL_FAULTS: [Fault; 6] = [
 
 #[derive(Clone, Debug)]
 pub enum Schedule {
-    /// Every other range request gets the next fault of the list (a retry then succeeds).
+    /// The first request for each range gets the next fault of the list; its retries pass (so
+    /// each range fails once and then succeeds, however many requests run at once).
     Alternate(Vec<Fault>),
     /// Every range request fails this way.
     Always(Fault),
@@ -120,7 +121,7 @@ impl FaultProxy {
         let port = listener.local_addr().unwrap().port();
         let stop = Arc::new(AtomicBool::new(false));
         let faults_sent = Arc::new(AtomicUsize::new(0));
-        let counter = Arc::new(Mutex::new(0usize));
+        let counter = Arc::new(Mutex::new((0usize, std::collections::HashSet::<String>::new())));
         let (stop2, sent2) = (stop.clone(), faults_sent.clone());
         let delay = Arc::new(Mutex::new(Duration::ZERO));
         let delay2 = delay.clone();
@@ -139,12 +140,21 @@ impl FaultProxy {
                     };
                     std::thread::sleep(pause);
                     let fault = if req.range {
-                        let mut n = counter.lock().unwrap();
-                        *n += 1;
+                        let mut seen = counter.lock().unwrap();
                         match &schedule {
                             Schedule::Always(f) => Some(*f),
-                            Schedule::Alternate(list) if *n % 2 == 0 => Some(list[(*n / 2) % list.len()]),
-                            _ => None,
+                            Schedule::Alternate(list) => {
+                                let range = (req.head.lines())
+                                    .find(|l| l.to_ascii_lowercase().starts_with("range:"))
+                                    .unwrap_or_default();
+                                if seen.1.insert(format!("{} {range}", req.path)) {
+                                    seen.0 += 1;
+                                    Some(list[(seen.0 - 1) % list.len()])
+                                } else {
+                                    None
+                                }
+                            }
+                            Schedule::Never => None,
                         }
                     } else {
                         None
