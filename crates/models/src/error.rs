@@ -13,11 +13,12 @@ pub enum ModelError {
     },
     #[error("{path}: {reason}")]
     BadConfig { path: String, reason: String },
-    #[error("layer {layer}: expert store failed: {source}")]
+    /// The store's message is part of this one (not a separate `source`, which `{:#}` would
+    /// print a second time).
+    #[error("layer {layer}: expert store failed: {cause}")]
     Experts {
         layer: usize,
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
+        cause: Box<dyn std::error::Error + Send + Sync>,
     },
     #[error("token id {id} is out of range for a vocabulary of {vocab}")]
     TokenOutOfRange { id: u32, vocab: usize },

@@ -231,14 +231,14 @@ impl MoeLayer {
                 delivered += 1;
                 Ok(())
             })
-            .map_err(|source| ModelError::Experts {
+            .map_err(|cause| ModelError::Experts {
                 layer: self.layer,
-                source,
+                cause,
             })?;
         if delivered != ids.len() {
             return Err(ModelError::Experts {
                 layer: self.layer,
-                source: format!("asked for {} experts, got {delivered}", ids.len()).into(),
+                cause: format!("asked for {} experts, got {delivered}", ids.len()).into(),
             });
         }
 
