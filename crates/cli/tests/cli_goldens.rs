@@ -242,3 +242,121 @@ fn inspect_reports_the_memory_plan_and_a_too_small_mem_is_a_clear_error() {
         "{stderr}"
     );
 }
+
+#[test]
+fn streamed_layers_change_nothing_through_the_binary() {
+    // `--spine stream`: every decoder layer's non-expert weights are read from disk each time
+    // the layer runs (and `--expert-cache 1K` reads every expert too).
+    for name in BF16_MODELS.iter().chain(QUANTIZED_MODELS) {
+        let dir = fixture(name);
+        let dir = dir.to_str().unwrap();
+        let g = golden(name);
+        let prompt = &g["prompts"][0];
+        let ids = csv(&as_u32s(&prompt["ids"]));
+        let cached = strata(&["logits", "--model", dir, "--ids", &ids]);
+        for io in ["pread", "mmap"] {
+            let streamed = strata(&[
+                "logits",
+                "--model",
+                dir,
+                "--ids",
+                &ids,
+                "--expert-cache",
+                "1K",
+                "--spine",
+                "stream",
+                "--io",
+                io,
+            ]);
+            assert_eq!(
+                streamed, cached,
+                "{name}: streamed layers (--io {io}) changed the logits"
+            );
+        }
+        let entry = &g["generation"][0];
+        let want = as_u32s(&entry["new_ids"]);
+        let run = |spine: &str| {
+            strata(&[
+                "run",
+                "--model",
+                dir,
+                "--ids",
+                &csv(&as_u32s(&entry["prompt_ids"])),
+                "--max-tokens",
+                &want.len().to_string(),
+                "--temperature",
+                "0",
+                "--ignore-eos",
+                "--output",
+                "json",
+                "--spine",
+                spine,
+            ])["token_ids"]
+                .clone()
+        };
+        assert_eq!(run("stream"), run("resident"), "{name}: streamed generation");
+    }
+}
+
+#[test]
+fn a_mem_below_the_non_expert_weights_streams_some_layers() {
+    let num = |v: &Value| v.as_u64().unwrap();
+    // Streaming k layers saves k layers' bytes but costs read buffers for a few of them, so a
+    // budget just short of everything resident streams some layers of a deep enough model.
+    for name in ["kimi-k3-tiny", "kimi-linear-tiny"] {
+        let dir = fixture(name);
+        let dir = dir.to_str().unwrap();
+        // Everything streamed: what stays (embedding, norm, head), the layer buffers at most.
+        let all = strata(&["inspect", "--model", dir, "--json", "--spine", "stream"]);
+        let m = &all["memory"];
+        let layers: Vec<u64> = all["layer_bytes"].as_array().unwrap().iter().map(num).collect();
+        assert_eq!(layers.len() as u64, num(&all["layers"]));
+        let n_streamed = m["streamed_layers"].as_array().unwrap().len();
+        assert_eq!(n_streamed, layers.iter().filter(|&&b| b > 0).count());
+        assert_eq!(num(&m["streamed_bytes_per_token"]), layers.iter().sum::<u64>());
+        assert_eq!(
+            num(&m["resident"]),
+            num(&all["non_expert_bytes"]) - layers.iter().sum::<u64>()
+        );
+        let min_cache = 2 * num(&all["active_experts"]) * num(&all["bytes_per_expert"]);
+        let all_resident = num(&all["non_expert_bytes"]) + num(&m["state_reserve"]) + num(&m["buffers"]);
+        let mem = all_resident + min_cache - 1;
+
+        let some = strata(&["inspect", "--model", dir, "--json", "--mem", &mem.to_string()]);
+        let s = &some["memory"];
+        let streamed: Vec<u64> = s["streamed_layers"].as_array().unwrap().iter().map(num).collect();
+        assert!(
+            !streamed.is_empty() && streamed.len() < n_streamed,
+            "{name}: --mem {mem} streams {streamed:?}"
+        );
+        let resident_layers: u64 = (0..layers.len() as u64)
+            .filter(|l| !streamed.contains(l))
+            .map(|l| layers[l as usize])
+            .sum();
+        assert_eq!(num(&s["resident"]), num(&m["resident"]) + resident_layers);
+        let total = num(&s["resident"])
+            + num(&s["state_reserve"])
+            + num(&s["buffers"])
+            + num(&s["spine_buffers"])
+            + num(&s["expert_cache"]);
+        assert_eq!(total, mem, "{name}: the plan spends --mem exactly");
+        assert!(num(&s["expert_cache"]) >= min_cache);
+        // `--spine resident` refuses a budget short of the non-expert weights.
+        let short = (all_resident - 1).to_string();
+        let refused = strata(&[
+            "inspect", "--model", dir, "--json", "--mem", &short, "--spine", "resident",
+        ]);
+        assert!(
+            refused["memory_error"].as_str().unwrap().contains("too small"),
+            "{refused}"
+        );
+
+        let ids = csv(&as_u32s(&golden(name)["prompts"][1]["ids"]));
+        let cached = strata(&["logits", "--model", dir, "--ids", &ids]);
+        let budgeted = strata(&["logits", "--model", dir, "--ids", &ids, "--mem", &mem.to_string()]);
+        assert_eq!(
+            budgeted, cached,
+            "{name}: streaming some layers changed the logits"
+        );
+    }
+}

@@ -8,10 +8,10 @@
 //! instead of issuing another. When the real routing of a layer arrives, queued guesses that lost
 //! are cancelled; recall and wasted bytes are counted.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Sender};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 
 use strata_formats::Checkpoint;
 use strata_models::{Expert, ExpertLayout, ExpertStore};
@@ -19,10 +19,11 @@ use strata_models::{Expert, ExpertLayout, ExpertStore};
 use crate::direct::{AlignedBuf, DirectFile, IoMode};
 use strata_kernels::Owner;
 
+use crate::jobs::Jobs;
 use crate::plan::ExpertPlan;
 
 mod demand;
-mod pool;
+pub(crate) mod pool;
 mod stats;
 mod uring;
 use pool::{BufferPool, PooledBuffers};
@@ -131,9 +132,7 @@ struct Shared {
     budget: usize,
     lru: Mutex<Lru>,
     inflight: Mutex<HashMap<Key, Arc<InFlight>>>,
-    queue: Mutex<VecDeque<(Key, Arc<InFlight>)>>,
-    queued: Condvar,
-    shutdown: AtomicBool,
+    jobs: Jobs<(Key, Arc<InFlight>)>,
     /// The latest prediction per layer, consumed by that layer's `get`.
     predictions: Mutex<HashMap<usize, HashSet<usize>>>,
     pool: Arc<BufferPool>,
@@ -144,23 +143,14 @@ struct Shared {
     eviction: Eviction,
     /// layer -> (hits, misses)
     layer_stats: Mutex<BTreeMap<usize, (u64, u64)>>,
-    stats: StoreStats,
+    stats: Arc<StoreStats>,
 }
 
 pub struct CachedStore {
     shared: Arc<Shared>,
     workers: Vec<std::thread::JoinHandle<()>>,
-    pub stats: Arc<StatsView>,
-}
-
-/// Read access to the store's counters (kept alive by the store).
-pub struct StatsView(Arc<Shared>);
-
-impl std::ops::Deref for StatsView {
-    type Target = StoreStats;
-    fn deref(&self) -> &StoreStats {
-        &self.0.stats
-    }
+    /// The store's counters (streamed layers' reads count here too).
+    pub stats: Arc<StoreStats>,
 }
 
 /// Reader threads: direct reads overlap each other (the device queues them) and compute.
@@ -222,9 +212,7 @@ impl CachedStore {
             budget,
             lru: Mutex::new(Lru::default()),
             inflight: Mutex::new(HashMap::new()),
-            queue: Mutex::new(VecDeque::new()),
-            queued: Condvar::new(),
-            shutdown: AtomicBool::new(false),
+            jobs: Jobs::new(),
             predictions: Mutex::new(HashMap::new()),
             pool: Arc::new(BufferPool {
                 free: Mutex::new((Vec::new(), 0)),
@@ -234,7 +222,7 @@ impl CachedStore {
             demand_paging: io == IoMode::Mmap,
             eviction,
             layer_stats: Mutex::new(BTreeMap::new()),
-            stats: StoreStats::default(),
+            stats: Arc::default(),
         });
         let workers = if io == IoMode::Uring {
             let ring = uring::Ring::new(&shared.files).map_err(|e| strata_formats::FormatError::Io {
@@ -258,7 +246,7 @@ impl CachedStore {
                 .collect()
         };
         Ok(CachedStore {
-            stats: Arc::new(StatsView(shared.clone())),
+            stats: shared.stats.clone(),
             shared,
             workers,
         })
@@ -348,8 +336,7 @@ impl CachedStore {
 
 impl Drop for CachedStore {
     fn drop(&mut self) {
-        self.shared.shutdown.store(true, Ordering::Relaxed);
-        self.shared.queued.notify_all();
+        self.shared.jobs.close();
         for w in self.workers.drain(..) {
             let _ = w.join();
         }
@@ -358,20 +345,7 @@ impl Drop for CachedStore {
 
 impl Shared {
     fn worker(&self) {
-        loop {
-            let job = {
-                let mut q = self.queue.lock().expect("queue lock");
-                loop {
-                    if self.shutdown.load(Ordering::Relaxed) {
-                        return;
-                    }
-                    if let Some(job) = q.pop_front() {
-                        break job;
-                    }
-                    q = self.queued.wait(q).expect("queue wait");
-                }
-            };
-            let (key, slot) = job;
+        while let Some((key, slot)) = self.jobs.next() {
             let result = if slot.cancelled.load(Ordering::Relaxed) {
                 Err(CANCELLED.to_string())
             } else {
@@ -555,11 +529,7 @@ impl Shared {
         });
         inflight.insert(key, slot.clone());
         drop(inflight);
-        self.queue
-            .lock()
-            .expect("queue lock")
-            .push_back((key, slot.clone()));
-        self.queued.notify_one();
+        self.jobs.push([(key, slot.clone())], false);
         slot
     }
 

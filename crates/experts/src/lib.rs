@@ -7,8 +7,11 @@
 
 mod cached;
 pub mod direct;
+mod jobs;
 mod plan;
+mod spine;
 
-pub use cached::{uring_available, CachedStore, Eviction, StatsView, StoreStats, DEFAULT_IO_THREADS};
+pub use cached::{uring_available, CachedStore, Eviction, StoreStats, DEFAULT_IO_THREADS};
 pub use direct::IoMode;
 pub use plan::{ExpertPlan, ReadRun};
+pub use spine::{SpineStore, DEFAULT_AHEAD, SPINE_THREADS};

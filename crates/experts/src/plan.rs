@@ -49,26 +49,7 @@ impl ExpertPlan {
             bytes += e.info.len;
             located.push((e.shard, e.info.offset, e.info.len, i));
         }
-        located.sort();
-        let mut runs: Vec<ReadRun> = Vec::new();
-        for (shard, offset, len, i) in located {
-            match runs.last_mut() {
-                Some(r)
-                    if r.shard == shard
-                        && offset >= r.offset + r.len
-                        && offset - (r.offset + r.len) <= COALESCE_GAP =>
-                {
-                    r.pieces.push((i, offset - r.offset, len));
-                    r.len = offset + len - r.offset;
-                }
-                _ => runs.push(ReadRun {
-                    shard,
-                    offset,
-                    len,
-                    pieces: vec![(i, 0, len)],
-                }),
-            }
-        }
+        let runs = coalesce(located, u64::MAX);
         Ok(ExpertPlan {
             specs,
             tensors,
@@ -76,4 +57,32 @@ impl ExpertPlan {
             bytes,
         })
     }
+}
+
+/// Groups tensors `(shard, offset, len, index)` into the fewest reads: tensors of one shard
+/// separated by at most [`COALESCE_GAP`] bytes share a read, as long as it stays within
+/// `max_run` bytes (a larger tensor is a read of its own).
+pub fn coalesce(mut located: Vec<(usize, u64, u64, usize)>, max_run: u64) -> Vec<ReadRun> {
+    located.sort();
+    let mut runs: Vec<ReadRun> = Vec::new();
+    for (shard, offset, len, i) in located {
+        match runs.last_mut() {
+            Some(r)
+                if r.shard == shard
+                    && offset >= r.offset + r.len
+                    && offset - (r.offset + r.len) <= COALESCE_GAP
+                    && offset + len - r.offset <= max_run =>
+            {
+                r.pieces.push((i, offset - r.offset, len));
+                r.len = offset + len - r.offset;
+            }
+            _ => runs.push(ReadRun {
+                shard,
+                offset,
+                len,
+                pieces: vec![(i, 0, len)],
+            }),
+        }
+    }
+    runs
 }

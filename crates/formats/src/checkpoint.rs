@@ -2,10 +2,12 @@
 //! Opening it parses every shard header once; reading a tensor is one `pread` of its byte range
 //! from a file handle kept open for the life of the checkpoint.
 
+use std::any::Any;
 use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::safetensors::{parse_header, TensorInfo};
 use crate::{DType, FormatError, QuantizationConfig, Result};
@@ -19,6 +21,20 @@ pub trait RangeSource: Send + Sync {
     fn ensure(&self, file: &str, offset: u64, len: u64) -> std::result::Result<(), String>;
 }
 
+/// Tensor bytes already in memory that a checkpoint view serves instead of reading its files
+/// (a streamed layer's read buffers).
+///
+/// # Safety
+/// The bytes returned must stay valid and unchanged for as long as the owner passed with them
+/// to [`Checkpoint::with_preloaded`] lives: weights may view them without copying.
+pub unsafe trait Preloaded: Send + Sync {
+    /// The bytes of tensor `name`, when they are held here.
+    fn bytes(&self, name: &str) -> Option<&[u8]>;
+}
+
+/// What keeps preloaded bytes alive, for weights that view them instead of copying.
+pub type BytesOwner = Arc<dyn Any + Send + Sync>;
+
 #[derive(Clone, Debug)]
 pub struct TensorEntry {
     pub shard: usize,
@@ -30,12 +46,15 @@ struct Shard {
     file: File,
 }
 
+/// Clones share the open files and the index.
+#[derive(Clone)]
 pub struct Checkpoint {
     dir: PathBuf,
-    shards: Vec<Shard>,
-    tensors: HashMap<String, TensorEntry>,
+    shards: Arc<Vec<Shard>>,
+    tensors: Arc<HashMap<String, TensorEntry>>,
     quantization: Option<QuantizationConfig>,
-    source: Option<std::sync::Arc<dyn RangeSource>>,
+    source: Option<Arc<dyn RangeSource>>,
+    preloaded: Option<(Arc<dyn Preloaded>, BytesOwner)>,
 }
 
 impl std::fmt::Debug for Checkpoint {
@@ -115,10 +134,11 @@ impl Checkpoint {
         }
         Ok(Checkpoint {
             dir: dir.to_path_buf(),
-            shards,
-            tensors,
+            shards: Arc::new(shards),
+            tensors: Arc::new(tensors),
             quantization: None,
             source: None,
+            preloaded: None,
         })
     }
 
@@ -130,6 +150,26 @@ impl Checkpoint {
 
     pub fn source(&self) -> Option<&std::sync::Arc<dyn RangeSource>> {
         self.source.as_ref()
+    }
+
+    /// The same checkpoint (sharing its open files and index), whose reads of the tensors
+    /// `bytes` holds come from there; `owner` keeps those bytes alive for weights that view them.
+    pub fn with_preloaded(&self, bytes: Arc<dyn Preloaded>, owner: BytesOwner) -> Checkpoint {
+        Checkpoint {
+            dir: self.dir.clone(),
+            shards: self.shards.clone(),
+            tensors: self.tensors.clone(),
+            quantization: self.quantization.clone(),
+            source: self.source.clone(),
+            preloaded: Some((bytes, owner)),
+        }
+    }
+
+    /// A tensor's bytes when this view holds them in memory, with what keeps them alive.
+    pub fn preloaded(&self, name: &str) -> Option<(&[u8], &BytesOwner)> {
+        let (bytes, owner) = self.preloaded.as_ref()?;
+        let b = bytes.bytes(name)?;
+        (self.entry(name).ok()?.info.len == b.len() as u64).then_some((b, owner))
     }
 
     /// Makes a byte range of shard `shard` present locally (a no-op for local checkpoints).
@@ -214,6 +254,10 @@ impl Checkpoint {
                 buf.len(),
                 entry.info.len
             )));
+        }
+        if let Some((bytes, _)) = self.preloaded(name) {
+            buf.copy_from_slice(bytes);
+            return Ok(());
         }
         self.ensure(entry.shard, entry.info.offset, entry.info.len)?;
         shard.file.read_exact_at(buf, entry.info.offset).map_err(|e| {

@@ -10,7 +10,9 @@ mod error;
 mod quant;
 mod safetensors;
 
-pub use checkpoint::{bytes_to_f32, Checkpoint, RangeSource, TensorEntry, INDEX_FILE, SINGLE_FILE};
+pub use checkpoint::{
+    bytes_to_f32, BytesOwner, Checkpoint, Preloaded, RangeSource, TensorEntry, INDEX_FILE, SINGLE_FILE,
+};
 pub use config::{GenerationConfig, JsonConfig};
 pub use dtype::DType;
 pub use error::FormatError;

@@ -3,6 +3,8 @@
 //! and in the residual: a plain running sum, or Block AttnRes (Kimi K3), where each layer reads
 //! a learned mixture of the completed block sums and the current partial sum.
 
+use std::sync::Arc;
+
 use strata_kernels::Linear;
 
 use crate::layers::attention::{GqaAttention, SeqView};
@@ -13,7 +15,8 @@ use crate::layers::mla::MlaAttention;
 use crate::layers::mlp::Mlp;
 use crate::layers::moe::{MoeLayer, NextMoe};
 use crate::profile::{timed, PHASES};
-use crate::{KvCache, Model, ModelError, ModelInfo, Result, RoutingRecord, Trace};
+use crate::spine::{Layer, LayerStore};
+use crate::{KvCache, LayerState, Model, ModelError, ModelInfo, Result, RoutingRecord, Trace};
 
 /// The new tokens of one sequence in a step, with its state.
 pub struct SeqInput<'a> {
@@ -51,7 +54,11 @@ pub struct Decoder {
     pub info: ModelInfo,
     /// (V, D)
     pub embed: Linear,
-    pub blocks: Vec<Block>,
+    pub layers: Vec<Layer>,
+    /// Each layer's decoding state.
+    pub states: Vec<LayerState>,
+    /// Where the streamed layers come from.
+    pub spine: Option<Arc<dyn LayerStore>>,
     /// (D,)
     pub norm: Vec<f32>,
     /// (V, D)
@@ -61,17 +68,58 @@ pub struct Decoder {
     pub attn_res: Option<AttnRes>,
 }
 
+/// A block held by the model or by a streamed layer's reader.
+enum BlockRef<'a> {
+    Held(&'a Block),
+    Streamed(Arc<Block>),
+}
+
+impl std::ops::Deref for BlockRef<'_> {
+    type Target = Block;
+    fn deref(&self) -> &Block {
+        match self {
+            BlockRef::Held(b) => b,
+            BlockRef::Streamed(b) => b,
+        }
+    }
+}
+
+impl Decoder {
+    /// Streamed layer `l`, waiting for its read (the wait counts as I/O wait).
+    fn streamed(&self, l: usize) -> Result<Arc<Block>> {
+        let store = self.spine.as_ref().ok_or_else(|| ModelError::Spine {
+            layer: l,
+            cause: "no layer store".into(),
+        })?;
+        store.get(l).map_err(|e| ModelError::Spine {
+            layer: l,
+            cause: e.to_string(),
+        })
+    }
+
+    /// The first MoE layer after `l`, if its block is at hand (a streamed one only when its
+    /// read has completed: the guess is not worth waiting for).
+    fn next_moe(&self, l: usize) -> Option<(usize, BlockRef<'_>)> {
+        for i in l + 1..self.layers.len() {
+            let block = match &self.layers[i] {
+                Layer::Resident(b) => BlockRef::Held(b),
+                Layer::Streamed => BlockRef::Streamed(self.spine.as_ref()?.ready(i)?),
+            };
+            if matches!(block.ffn, Ffn::Moe(_)) {
+                return Some((i, block));
+            }
+        }
+        None
+    }
+}
+
 impl Model for Decoder {
     fn info(&self) -> &ModelInfo {
         &self.info
     }
 
     fn new_cache(&self) -> KvCache {
-        KvCache::new(self.blocks.iter().map(|b| match &b.attn {
-            Attention::Gqa(a) => a.state(),
-            Attention::Mla(a) => a.state(),
-            Attention::Kda(a) => a.state(),
-        }))
+        KvCache::new(self.states.iter().copied())
     }
 
     fn forward(&self, batch: &mut [SeqInput<'_>], mut trace: Option<&mut Trace>) -> Result<Vec<Vec<f32>>> {
@@ -94,8 +142,16 @@ impl Model for Decoder {
 
         // AttnRes: the completed block sums, each (T, D).
         let mut done_blocks: Vec<Vec<f32>> = Vec::new();
-        for (l, block) in self.blocks.iter().enumerate() {
+        for l in 0..self.layers.len() {
             let _span = tracing::trace_span!("layer", l).entered();
+            let streamed;
+            let block = match &self.layers[l] {
+                Layer::Resident(b) => b,
+                Layer::Streamed => {
+                    streamed = self.streamed(l)?;
+                    &*streamed
+                }
+            };
             let (h, mut partial) = match (&self.attn_res, &block.res) {
                 (Some(ar), Some(res)) => {
                     let h = if done_blocks.is_empty() {
@@ -139,21 +195,19 @@ impl Model for Decoder {
             let h = rms_normed(ffn_in, &block.ffn_norm, self.eps);
             // The next MoE layer's router, to guess its experts from this residual while this
             // block's MLP or experts run.
-            let next = self.blocks[l + 1..]
-                .iter()
-                .enumerate()
-                .find_map(|(i, b)| match &b.ffn {
-                    Ffn::Moe(m) => Some((
-                        m,
-                        NextMoe {
-                            layer: l + 1 + i,
-                            router: &m.router,
-                            norm: &b.ffn_norm,
-                            eps: self.eps,
-                        },
-                    )),
-                    Ffn::Dense(_) => None,
-                });
+            let next_block = self.next_moe(l);
+            let next = next_block.as_ref().and_then(|(i, b)| match &b.ffn {
+                Ffn::Moe(m) => Some((
+                    m,
+                    NextMoe {
+                        layer: *i,
+                        router: &m.router,
+                        norm: &b.ffn_norm,
+                        eps: self.eps,
+                    },
+                )),
+                Ffn::Dense(_) => None,
+            });
             let f = match &block.ffn {
                 Ffn::Dense(mlp) => {
                     if let Some((m, next)) = next {

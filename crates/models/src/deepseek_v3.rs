@@ -5,6 +5,8 @@
 //! routing (sigmoid + correction bias, group limit, renormalise, routed scaling) plus shared
 //! experts added unweighted.
 
+use std::sync::Arc;
+
 use strata_formats::{Checkpoint, JsonConfig};
 
 use crate::decoder::{Attention, Block, Decoder, Ffn};
@@ -13,7 +15,8 @@ use crate::layers::mla::{MlaAttention, QueryProj};
 use crate::layers::mlp::Mlp;
 use crate::layers::moe::{MoeLayer, Router, RoutingRule};
 use crate::layers::rope::{yarn_mscale, Rope, RopeStyle};
-use crate::registry::{bad_config, load_ends, names, ConfigSummary, StoreFactory};
+use crate::registry::{bad_config, load_ends, names, ConfigSummary};
+use crate::spine::{build_layers, BlockBuilder, Loading};
 use crate::weights::{load_linear, load_vector};
 use crate::{ExpertLayout, Model, ModelInfo, Result};
 
@@ -130,10 +133,10 @@ pub fn summary(cfg: &JsonConfig) -> Result<ConfigSummary> {
     })
 }
 
-pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, stores: StoreFactory<'_>) -> Result<Box<dyn Model>> {
+pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, loading: &Loading<'_>) -> Result<Box<dyn Model>> {
     let c = Config::read(cfg)?;
     let layout = expert_layout(cfg)?;
-    let store = stores(&layout)?;
+    let store = (loading.experts)(&layout)?;
     let rope = Rope::from_config(cfg, c.rope, 10000.0, RopeStyle::Interleaved)?;
     let qk = c.nope + c.rope;
     let mut softmax_scale = (qk as f64).powf(-0.5);
@@ -145,96 +148,100 @@ pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, stores: StoreFactory<'_>) -> Re
         }
     }
 
-    let mut blocks = Vec::with_capacity(c.n_layers);
-    for l in 0..c.n_layers {
-        let p = names::layer(l);
-        let a = format!("{p}.self_attn");
-        let q = match c.q_lora {
-            Some(r) => QueryProj::LowRank {
-                a: load_linear(ckpt, &format!("{a}.q_a_proj"), r, c.hidden)?,
-                norm: load_vector(ckpt, &format!("{a}.q_a_layernorm.weight"), r)?,
-                b: load_linear(ckpt, &format!("{a}.q_b_proj"), c.n_heads * qk, r)?,
-            },
-            None => QueryProj::Direct(load_linear(
-                ckpt,
-                &format!("{a}.q_proj"),
-                c.n_heads * qk,
-                c.hidden,
-            )?),
-        };
-        let attn = MlaAttention {
-            q,
-            kv_a: load_linear(
-                ckpt,
-                &format!("{a}.kv_a_proj_with_mqa"),
-                c.kv_lora + c.rope,
-                c.hidden,
-            )?,
-            kv_a_norm: load_vector(ckpt, &format!("{a}.kv_a_layernorm.weight"), c.kv_lora)?,
-            kv_b: load_linear(
-                ckpt,
-                &format!("{a}.kv_b_proj"),
-                c.n_heads * (c.nope + c.v),
-                c.kv_lora,
-            )?,
-            o: load_linear(ckpt, &format!("{a}.o_proj"), c.hidden, c.n_heads * c.v)?,
-            gate: None,
-            n_heads: c.n_heads,
-            nope_dim: c.nope,
-            rope_dim: c.rope,
-            v_dim: c.v,
-            kv_lora: c.kv_lora,
-            softmax_scale: softmax_scale as f32,
-            rope: Some(rope.clone()),
-            eps: c.eps,
-        };
-        let mlp = |base: &str, inter: usize| -> Result<Mlp> {
-            Ok(Mlp {
-                gate: load_linear(ckpt, &format!("{base}.gate_proj"), inter, c.hidden)?,
-                up: load_linear(ckpt, &format!("{base}.up_proj"), inter, c.hidden)?,
-                down: load_linear(ckpt, &format!("{base}.down_proj"), c.hidden, inter)?,
-                act: Activation::Silu,
-            })
-        };
-        let ffn = if c.is_moe(l) {
-            let gate = format!("{p}.mlp.gate");
-            Ffn::Moe(MoeLayer {
-                layer: l,
-                router: Router {
-                    weight: load_linear(ckpt, &gate, c.n_routed, c.hidden)?,
-                    top_k: c.top_k,
-                    rule: RoutingRule::SigmoidGrouped {
-                        correction_bias: load_vector(
-                            ckpt,
-                            &format!("{gate}.e_score_correction_bias"),
-                            c.n_routed,
-                        )?,
-                        n_group: c.n_group,
-                        topk_group: c.topk_group,
-                        norm_topk_prob: c.norm_topk_prob,
-                        routed_scaling_factor: c.routed_scaling,
+    let c = Arc::new(c);
+    let builder: BlockBuilder = {
+        let c = c.clone();
+        Arc::new(move |ckpt: &Checkpoint, l: usize| -> Result<Block> {
+            let p = names::layer(l);
+            let a = format!("{p}.self_attn");
+            let q = match c.q_lora {
+                Some(r) => QueryProj::LowRank {
+                    a: load_linear(ckpt, &format!("{a}.q_a_proj"), r, c.hidden)?,
+                    norm: load_vector(ckpt, &format!("{a}.q_a_layernorm.weight"), r)?,
+                    b: load_linear(ckpt, &format!("{a}.q_b_proj"), c.n_heads * qk, r)?,
+                },
+                None => QueryProj::Direct(load_linear(
+                    ckpt,
+                    &format!("{a}.q_proj"),
+                    c.n_heads * qk,
+                    c.hidden,
+                )?),
+            };
+            let attn = MlaAttention {
+                q,
+                kv_a: load_linear(
+                    ckpt,
+                    &format!("{a}.kv_a_proj_with_mqa"),
+                    c.kv_lora + c.rope,
+                    c.hidden,
+                )?,
+                kv_a_norm: load_vector(ckpt, &format!("{a}.kv_a_layernorm.weight"), c.kv_lora)?,
+                kv_b: load_linear(
+                    ckpt,
+                    &format!("{a}.kv_b_proj"),
+                    c.n_heads * (c.nope + c.v),
+                    c.kv_lora,
+                )?,
+                o: load_linear(ckpt, &format!("{a}.o_proj"), c.hidden, c.n_heads * c.v)?,
+                gate: None,
+                n_heads: c.n_heads,
+                nope_dim: c.nope,
+                rope_dim: c.rope,
+                v_dim: c.v,
+                kv_lora: c.kv_lora,
+                softmax_scale: softmax_scale as f32,
+                rope: Some(rope.clone()),
+                eps: c.eps,
+            };
+            let mlp = |base: &str, inter: usize| -> Result<Mlp> {
+                Ok(Mlp {
+                    gate: load_linear(ckpt, &format!("{base}.gate_proj"), inter, c.hidden)?,
+                    up: load_linear(ckpt, &format!("{base}.up_proj"), inter, c.hidden)?,
+                    down: load_linear(ckpt, &format!("{base}.down_proj"), c.hidden, inter)?,
+                    act: Activation::Silu,
+                })
+            };
+            let ffn = if c.is_moe(l) {
+                let gate = format!("{p}.mlp.gate");
+                Ffn::Moe(MoeLayer {
+                    layer: l,
+                    router: Router {
+                        weight: load_linear(ckpt, &gate, c.n_routed, c.hidden)?,
+                        top_k: c.top_k,
+                        rule: RoutingRule::SigmoidGrouped {
+                            correction_bias: load_vector(
+                                ckpt,
+                                &format!("{gate}.e_score_correction_bias"),
+                                c.n_routed,
+                            )?,
+                            n_group: c.n_group,
+                            topk_group: c.topk_group,
+                            norm_topk_prob: c.norm_topk_prob,
+                            routed_scaling_factor: c.routed_scaling,
+                        },
                     },
-                },
-                shared: if c.n_shared > 0 {
-                    Some(mlp(&format!("{p}.mlp.shared_experts"), c.moe_inter * c.n_shared)?)
-                } else {
-                    None
-                },
-                latent: None,
-                act: Activation::Silu,
-                store: store.clone(),
+                    shared: if c.n_shared > 0 {
+                        Some(mlp(&format!("{p}.mlp.shared_experts"), c.moe_inter * c.n_shared)?)
+                    } else {
+                        None
+                    },
+                    latent: None,
+                    act: Activation::Silu,
+                    store: store.clone(),
+                })
+            } else {
+                Ffn::Dense(mlp(&format!("{p}.mlp"), c.inter)?)
+            };
+            Ok(Block {
+                attn_norm: load_vector(ckpt, &format!("{p}.input_layernorm.weight"), c.hidden)?,
+                attn: Attention::Mla(Box::new(attn)),
+                ffn_norm: load_vector(ckpt, &format!("{p}.post_attention_layernorm.weight"), c.hidden)?,
+                ffn,
+                res: None,
             })
-        } else {
-            Ffn::Dense(mlp(&format!("{p}.mlp"), c.inter)?)
-        };
-        blocks.push(Block {
-            attn_norm: load_vector(ckpt, &format!("{p}.input_layernorm.weight"), c.hidden)?,
-            attn: Attention::Mla(Box::new(attn)),
-            ffn_norm: load_vector(ckpt, &format!("{p}.post_attention_layernorm.weight"), c.hidden)?,
-            ffn,
-            res: None,
-        });
-    }
+        })
+    };
+    let layers = build_layers(ckpt, c.n_layers, loading, builder)?;
     let (embed, norm, lm_head) = load_ends(cfg, ckpt, c.vocab, c.hidden)?;
     Ok(Box::new(Decoder {
         info: ModelInfo {
@@ -248,7 +255,9 @@ pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, stores: StoreFactory<'_>) -> Re
             experts: Some(layout),
         },
         embed,
-        blocks,
+        layers: layers.layers,
+        states: layers.states,
+        spine: layers.store,
         norm,
         lm_head,
         eps: c.eps,

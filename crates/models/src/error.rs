@@ -20,6 +20,9 @@ pub enum ModelError {
         layer: usize,
         cause: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// A streamed layer's weights could not be read or built (the message names the file).
+    #[error("layer {layer}: streaming its weights failed: {cause}")]
+    Spine { layer: usize, cause: String },
     #[error("token id {id} is out of range for a vocabulary of {vocab}")]
     TokenOutOfRange { id: u32, vocab: usize },
     #[error("sequence would reach {positions} positions, past the model's context of {max}")]

@@ -10,7 +10,8 @@
 use strata_formats::{Checkpoint, JsonConfig};
 
 use crate::kimi_linear::{k3_model_info, load_hybrid, Config, Names};
-use crate::registry::{ConfigSummary, StoreFactory, TensorDesc};
+use crate::registry::{ConfigSummary, TensorDesc};
+use crate::spine::Loading;
 use crate::{ExpertLayout, Model, Result};
 
 const K3_NAMES: Names = Names {
@@ -46,7 +47,8 @@ pub fn inventory(root: &JsonConfig) -> Result<Vec<TensorDesc>> {
     Ok(read(root)?.inventory(&K3_NAMES, mxfp4))
 }
 
-pub fn load(root: &JsonConfig, ckpt: &Checkpoint, stores: StoreFactory<'_>) -> Result<Box<dyn Model>> {
+pub fn load(root: &JsonConfig, ckpt: &Checkpoint, loading: &Loading<'_>) -> Result<Box<dyn Model>> {
     let c = read(root)?;
-    load_hybrid(&c, &K3_NAMES, k3_model_info(root, &c)?, ckpt, stores)
+    let info = k3_model_info(root, &c)?;
+    load_hybrid(c, &K3_NAMES, info, ckpt, loading)
 }

@@ -8,6 +8,8 @@
 //! `use_full_rank_gate` (KDA output gate), `mla_use_output_gate`, `routed_expert_hidden_size`
 //! (LatentMoE) and `attn_res_block_size` (Block AttnRes).
 
+use std::sync::Arc;
+
 use strata_formats::{Checkpoint, DType, JsonConfig};
 use strata_kernels::Linear;
 
@@ -18,9 +20,10 @@ use crate::layers::math::Activation;
 use crate::layers::mla::{MlaAttention, QueryProj};
 use crate::layers::mlp::Mlp;
 use crate::layers::moe::{LatentProj, MoeLayer, Router, RoutingRule};
-use crate::registry::{bad_config, ConfigSummary, StoreFactory, TensorDesc};
+use crate::registry::{bad_config, ConfigSummary, TensorDesc};
+use crate::spine::{build_layers, BlockBuilder, Loading};
 use crate::weights::{load_linear, load_vector};
-use crate::{ExpertLayout, Model, ModelInfo, Result};
+use crate::{ExpertLayout, ExpertStore, Model, ModelInfo, Result};
 
 /// How `A_log` (KDA's per-head decay rate) is laid out when stored as one vector of `head_dim`
 /// values (Kimi K3). Kimi Linear stores `[1, 1, heads, 1]`, which is unambiguous.
@@ -581,91 +584,21 @@ fn res_mix(ckpt: &Checkpoint, base: &str, d: usize) -> Result<ResMix> {
 
 /// Builds the hybrid decoder (Kimi Linear, or Kimi K3 when `c` has AttnRes).
 pub(crate) fn load_hybrid(
-    c: &Config,
-    names: &Names,
+    c: Config,
+    names: &'static Names,
     info: ModelInfo,
     ckpt: &Checkpoint,
-    stores: StoreFactory<'_>,
+    loading: &Loading<'_>,
 ) -> Result<Box<dyn Model>> {
     let layout = c.expert_layout(names);
-    let store = stores(&layout)?;
+    let store = (loading.experts)(&layout)?;
     let d = c.hidden;
-    let mlp = |base: &str, inter: usize| -> Result<Mlp> {
-        Ok(Mlp {
-            gate: load_linear(ckpt, &format!("{base}gate_proj"), inter, d)?,
-            up: load_linear(ckpt, &format!("{base}up_proj"), inter, d)?,
-            down: load_linear(ckpt, &format!("{base}down_proj"), d, inter)?,
-            act: c.act,
-        })
+    let c = Arc::new(c);
+    let builder: BlockBuilder = {
+        let c = c.clone();
+        Arc::new(move |ckpt: &Checkpoint, l: usize| load_block(&c, names, ckpt, l, &store))
     };
-    let mut blocks = Vec::with_capacity(c.n_layers);
-    for l in 0..c.n_layers {
-        let p = format!("{}layers.{l}.", names.model);
-        let a = format!("{p}self_attn.");
-        let attn = match c.kinds[l] {
-            LayerKind::Kda => Attention::Kda(Box::new(load_kda(ckpt, &a, c)?)),
-            LayerKind::Mla => Attention::Mla(Box::new(load_mla(ckpt, &a, c)?)),
-        };
-        let ffn = if c.is_moe(l) {
-            let b = format!("{p}block_sparse_moe.");
-            let gate = format!("{b}gate");
-            let latent = match c.latent {
-                Some(r) => Some(LatentProj {
-                    down: load_linear(ckpt, &format!("{b}routed_expert_down_proj"), r, d)?,
-                    norm: if c.latent_norm {
-                        Some(load_vector(ckpt, &format!("{b}routed_expert_norm.weight"), r)?)
-                    } else {
-                        None
-                    },
-                    up: load_linear(ckpt, &format!("{b}routed_expert_up_proj"), d, r)?,
-                    eps: c.eps,
-                }),
-                None => None,
-            };
-            Ffn::Moe(MoeLayer {
-                layer: l,
-                router: Router {
-                    weight: load_linear(ckpt, &gate, c.n_routed, d)?,
-                    top_k: c.top_k,
-                    rule: RoutingRule::SigmoidGrouped {
-                        correction_bias: load_vector(
-                            ckpt,
-                            &format!("{gate}.e_score_correction_bias"),
-                            c.n_routed,
-                        )?,
-                        n_group: c.n_group,
-                        topk_group: c.topk_group,
-                        norm_topk_prob: c.renormalize,
-                        routed_scaling_factor: c.routed_scaling,
-                    },
-                },
-                shared: if c.n_shared > 0 {
-                    Some(mlp(&format!("{b}shared_experts."), c.moe_inter * c.n_shared)?)
-                } else {
-                    None
-                },
-                latent,
-                act: c.act,
-                store: store.clone(),
-            })
-        } else {
-            Ffn::Dense(mlp(&format!("{p}mlp."), c.inter)?)
-        };
-        let res = match c.attn_res_block {
-            Some(_) => Some(LayerRes {
-                attn: res_mix(ckpt, &format!("{p}self_attention_res"), d)?,
-                mlp: res_mix(ckpt, &format!("{p}mlp_res"), d)?,
-            }),
-            None => None,
-        };
-        blocks.push(Block {
-            attn_norm: load_vector(ckpt, &format!("{p}input_layernorm.weight"), d)?,
-            attn,
-            ffn_norm: load_vector(ckpt, &format!("{p}post_attention_layernorm.weight"), d)?,
-            ffn,
-            res,
-        });
-    }
+    let layers = build_layers(ckpt, c.n_layers, loading, builder)?;
     let attn_res = match c.attn_res_block {
         Some(block_size) => Some(AttnRes {
             block_size,
@@ -681,12 +614,98 @@ pub(crate) fn load_hybrid(
             ..info
         },
         embed,
-        blocks,
+        layers: layers.layers,
+        states: layers.states,
+        spine: layers.store,
         norm: load_vector(ckpt, &format!("{}norm.weight", names.model), d)?,
         lm_head,
         eps: c.eps,
         attn_res,
     }))
+}
+
+/// Decoder block `l`: KDA or MLA attention, then a dense MLP or (Latent)MoE, and AttnRes mixing.
+fn load_block(
+    c: &Config,
+    names: &Names,
+    ckpt: &Checkpoint,
+    l: usize,
+    store: &Arc<dyn ExpertStore>,
+) -> Result<Block> {
+    let d = c.hidden;
+    let mlp = |base: &str, inter: usize| -> Result<Mlp> {
+        Ok(Mlp {
+            gate: load_linear(ckpt, &format!("{base}gate_proj"), inter, d)?,
+            up: load_linear(ckpt, &format!("{base}up_proj"), inter, d)?,
+            down: load_linear(ckpt, &format!("{base}down_proj"), d, inter)?,
+            act: c.act,
+        })
+    };
+    let p = format!("{}layers.{l}.", names.model);
+    let a = format!("{p}self_attn.");
+    let attn = match c.kinds[l] {
+        LayerKind::Kda => Attention::Kda(Box::new(load_kda(ckpt, &a, c)?)),
+        LayerKind::Mla => Attention::Mla(Box::new(load_mla(ckpt, &a, c)?)),
+    };
+    let ffn = if c.is_moe(l) {
+        let b = format!("{p}block_sparse_moe.");
+        let gate = format!("{b}gate");
+        let latent = match c.latent {
+            Some(r) => Some(LatentProj {
+                down: load_linear(ckpt, &format!("{b}routed_expert_down_proj"), r, d)?,
+                norm: if c.latent_norm {
+                    Some(load_vector(ckpt, &format!("{b}routed_expert_norm.weight"), r)?)
+                } else {
+                    None
+                },
+                up: load_linear(ckpt, &format!("{b}routed_expert_up_proj"), d, r)?,
+                eps: c.eps,
+            }),
+            None => None,
+        };
+        Ffn::Moe(MoeLayer {
+            layer: l,
+            router: Router {
+                weight: load_linear(ckpt, &gate, c.n_routed, d)?,
+                top_k: c.top_k,
+                rule: RoutingRule::SigmoidGrouped {
+                    correction_bias: load_vector(
+                        ckpt,
+                        &format!("{gate}.e_score_correction_bias"),
+                        c.n_routed,
+                    )?,
+                    n_group: c.n_group,
+                    topk_group: c.topk_group,
+                    norm_topk_prob: c.renormalize,
+                    routed_scaling_factor: c.routed_scaling,
+                },
+            },
+            shared: if c.n_shared > 0 {
+                Some(mlp(&format!("{b}shared_experts."), c.moe_inter * c.n_shared)?)
+            } else {
+                None
+            },
+            latent,
+            act: c.act,
+            store: store.clone(),
+        })
+    } else {
+        Ffn::Dense(mlp(&format!("{p}mlp."), c.inter)?)
+    };
+    let res = match c.attn_res_block {
+        Some(_) => Some(LayerRes {
+            attn: res_mix(ckpt, &format!("{p}self_attention_res"), d)?,
+            mlp: res_mix(ckpt, &format!("{p}mlp_res"), d)?,
+        }),
+        None => None,
+    };
+    Ok(Block {
+        attn_norm: load_vector(ckpt, &format!("{p}input_layernorm.weight"), d)?,
+        attn,
+        ffn_norm: load_vector(ckpt, &format!("{p}post_attention_layernorm.weight"), d)?,
+        ffn,
+        res,
+    })
 }
 
 fn model_info(cfg: &JsonConfig, c: &Config, family: &'static str, arch: &str) -> Result<ModelInfo> {
@@ -714,10 +733,10 @@ pub fn inventory(cfg: &JsonConfig) -> Result<Vec<TensorDesc>> {
     Ok(Config::read(cfg, None, false)?.inventory(&KIMI_LINEAR_NAMES, false))
 }
 
-pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, stores: StoreFactory<'_>) -> Result<Box<dyn Model>> {
+pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, loading: &Loading<'_>) -> Result<Box<dyn Model>> {
     let c = Config::read(cfg, None, false)?;
     let info = model_info(cfg, &c, "kimi_linear", "KimiLinearForCausalLM")?;
-    load_hybrid(&c, &KIMI_LINEAR_NAMES, info, ckpt, stores)
+    load_hybrid(c, &KIMI_LINEAR_NAMES, info, ckpt, loading)
 }
 
 pub(crate) fn k3_model_info(root: &JsonConfig, c: &Config) -> Result<ModelInfo> {

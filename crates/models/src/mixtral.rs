@@ -2,6 +2,8 @@
 //! layer is MoE (`block_sparse_moe`), softmax top-k renormalised, experts named w1 (gate), w3 (up),
 //! w2 (down).
 
+use std::sync::Arc;
+
 use strata_formats::{Checkpoint, JsonConfig};
 
 use crate::decoder::{Attention, Block, Decoder, Ffn};
@@ -9,7 +11,8 @@ use crate::layers::attention::GqaAttention;
 use crate::layers::math::Activation;
 use crate::layers::moe::{MoeLayer, Router, RoutingRule};
 use crate::layers::rope::{Rope, RopeStyle};
-use crate::registry::{check_gqa, load_ends, names, ConfigSummary, StoreFactory};
+use crate::registry::{check_gqa, load_ends, names, ConfigSummary};
+use crate::spine::{build_layers, BlockBuilder, Loading};
 use crate::weights::{load_linear, load_vector};
 use crate::{ExpertLayout, Model, ModelInfo, Result};
 
@@ -77,45 +80,54 @@ pub fn summary(cfg: &JsonConfig) -> Result<ConfigSummary> {
     })
 }
 
-pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, stores: StoreFactory<'_>) -> Result<Box<dyn Model>> {
+pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, loading: &Loading<'_>) -> Result<Box<dyn Model>> {
     let c = Config::read(cfg)?;
     let layout = expert_layout(cfg)?;
-    let store = stores(&layout)?;
+    let store = (loading.experts)(&layout)?;
     let rope = Rope::from_config(cfg, c.head_dim, 1e6, RopeStyle::NeoX)?;
-    let mut blocks = Vec::with_capacity(c.n_layers);
-    for l in 0..c.n_layers {
-        let p = names::layer(l);
-        let mut attn = GqaAttention::load(
-            ckpt,
-            &format!("{p}.self_attn"),
-            c.hidden,
-            c.n_heads,
-            c.n_kv_heads,
-            c.head_dim,
-            false,
-            rope.clone(),
-            c.eps,
-        )?;
-        attn.sliding_window = c.sliding_window;
-        blocks.push(Block {
-            attn_norm: load_vector(ckpt, &format!("{p}.input_layernorm.weight"), c.hidden)?,
-            attn: Attention::Gqa(Box::new(attn)),
-            ffn_norm: load_vector(ckpt, &format!("{p}.post_attention_layernorm.weight"), c.hidden)?,
-            ffn: Ffn::Moe(MoeLayer {
-                layer: l,
-                router: Router {
-                    weight: load_linear(ckpt, &format!("{p}.block_sparse_moe.gate"), c.n_experts, c.hidden)?,
-                    top_k: c.top_k,
-                    rule: RoutingRule::SoftmaxTopK { norm_topk_prob: true },
-                },
-                shared: None,
-                latent: None,
-                act: Activation::Silu,
-                store: store.clone(),
-            }),
-            res: None,
-        });
-    }
+    let c = Arc::new(c);
+    let builder: BlockBuilder = {
+        let c = c.clone();
+        Arc::new(move |ckpt: &Checkpoint, l: usize| -> Result<Block> {
+            let p = names::layer(l);
+            let mut attn = GqaAttention::load(
+                ckpt,
+                &format!("{p}.self_attn"),
+                c.hidden,
+                c.n_heads,
+                c.n_kv_heads,
+                c.head_dim,
+                false,
+                rope.clone(),
+                c.eps,
+            )?;
+            attn.sliding_window = c.sliding_window;
+            Ok(Block {
+                attn_norm: load_vector(ckpt, &format!("{p}.input_layernorm.weight"), c.hidden)?,
+                attn: Attention::Gqa(Box::new(attn)),
+                ffn_norm: load_vector(ckpt, &format!("{p}.post_attention_layernorm.weight"), c.hidden)?,
+                ffn: Ffn::Moe(MoeLayer {
+                    layer: l,
+                    router: Router {
+                        weight: load_linear(
+                            ckpt,
+                            &format!("{p}.block_sparse_moe.gate"),
+                            c.n_experts,
+                            c.hidden,
+                        )?,
+                        top_k: c.top_k,
+                        rule: RoutingRule::SoftmaxTopK { norm_topk_prob: true },
+                    },
+                    shared: None,
+                    latent: None,
+                    act: Activation::Silu,
+                    store: store.clone(),
+                }),
+                res: None,
+            })
+        })
+    };
+    let layers = build_layers(ckpt, c.n_layers, loading, builder)?;
     let (embed, norm, lm_head) = load_ends(cfg, ckpt, c.vocab, c.hidden)?;
     Ok(Box::new(Decoder {
         info: ModelInfo {
@@ -129,7 +141,9 @@ pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, stores: StoreFactory<'_>) -> Re
             experts: Some(layout),
         },
         embed,
-        blocks,
+        layers: layers.layers,
+        states: layers.states,
+        spine: layers.store,
         norm,
         lm_head,
         eps: c.eps,

@@ -2,6 +2,8 @@
 //! hidden/heads); sparse layers route with softmax top-k (renormalised when `norm_topk_prob`),
 //! no shared expert; `mlp_only_layers` and `decoder_sparse_step` pick the dense layers.
 
+use std::sync::Arc;
+
 use strata_formats::{Checkpoint, JsonConfig};
 
 use crate::decoder::{Attention, Block, Decoder, Ffn};
@@ -10,7 +12,8 @@ use crate::layers::math::Activation;
 use crate::layers::mlp::Mlp;
 use crate::layers::moe::{MoeLayer, Router, RoutingRule};
 use crate::layers::rope::{Rope, RopeStyle};
-use crate::registry::{bad_config, check_gqa, load_ends, names, ConfigSummary, StoreFactory};
+use crate::registry::{bad_config, check_gqa, load_ends, names, ConfigSummary};
+use crate::spine::{build_layers, BlockBuilder, Loading};
 use crate::weights::{load_linear, load_vector};
 use crate::{ExpertLayout, Model, ModelInfo, Result};
 
@@ -91,56 +94,60 @@ pub fn summary(cfg: &JsonConfig) -> Result<ConfigSummary> {
     })
 }
 
-pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, stores: StoreFactory<'_>) -> Result<Box<dyn Model>> {
+pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, loading: &Loading<'_>) -> Result<Box<dyn Model>> {
     let c = Config::read(cfg)?;
     let layout = expert_layout(cfg)?;
-    let store = stores(&layout)?;
+    let store = (loading.experts)(&layout)?;
     let rope = Rope::from_config(cfg, c.head_dim, 10000.0, RopeStyle::NeoX)?;
-    let mut blocks = Vec::with_capacity(c.n_layers);
-    for l in 0..c.n_layers {
-        let p = names::layer(l);
-        let attn = GqaAttention::load(
-            ckpt,
-            &format!("{p}.self_attn"),
-            c.hidden,
-            c.n_heads,
-            c.n_kv_heads,
-            c.head_dim,
-            true,
-            rope.clone(),
-            c.eps,
-        )?;
-        let ffn = if c.is_moe(l) {
-            Ffn::Moe(MoeLayer {
-                layer: l,
-                router: Router {
-                    weight: load_linear(ckpt, &format!("{p}.mlp.gate"), c.n_experts, c.hidden)?,
-                    top_k: c.top_k,
-                    rule: RoutingRule::SoftmaxTopK {
-                        norm_topk_prob: c.norm_topk_prob,
+    let c = Arc::new(c);
+    let builder: BlockBuilder = {
+        let c = c.clone();
+        Arc::new(move |ckpt: &Checkpoint, l: usize| -> Result<Block> {
+            let p = names::layer(l);
+            let attn = GqaAttention::load(
+                ckpt,
+                &format!("{p}.self_attn"),
+                c.hidden,
+                c.n_heads,
+                c.n_kv_heads,
+                c.head_dim,
+                true,
+                rope.clone(),
+                c.eps,
+            )?;
+            let ffn = if c.is_moe(l) {
+                Ffn::Moe(MoeLayer {
+                    layer: l,
+                    router: Router {
+                        weight: load_linear(ckpt, &format!("{p}.mlp.gate"), c.n_experts, c.hidden)?,
+                        top_k: c.top_k,
+                        rule: RoutingRule::SoftmaxTopK {
+                            norm_topk_prob: c.norm_topk_prob,
+                        },
                     },
-                },
-                shared: None,
-                latent: None,
-                act: Activation::Silu,
-                store: store.clone(),
+                    shared: None,
+                    latent: None,
+                    act: Activation::Silu,
+                    store: store.clone(),
+                })
+            } else {
+                Ffn::Dense(Mlp {
+                    gate: load_linear(ckpt, &format!("{p}.mlp.gate_proj"), c.inter, c.hidden)?,
+                    up: load_linear(ckpt, &format!("{p}.mlp.up_proj"), c.inter, c.hidden)?,
+                    down: load_linear(ckpt, &format!("{p}.mlp.down_proj"), c.hidden, c.inter)?,
+                    act: Activation::Silu,
+                })
+            };
+            Ok(Block {
+                attn_norm: load_vector(ckpt, &format!("{p}.input_layernorm.weight"), c.hidden)?,
+                attn: Attention::Gqa(Box::new(attn)),
+                ffn_norm: load_vector(ckpt, &format!("{p}.post_attention_layernorm.weight"), c.hidden)?,
+                ffn,
+                res: None,
             })
-        } else {
-            Ffn::Dense(Mlp {
-                gate: load_linear(ckpt, &format!("{p}.mlp.gate_proj"), c.inter, c.hidden)?,
-                up: load_linear(ckpt, &format!("{p}.mlp.up_proj"), c.inter, c.hidden)?,
-                down: load_linear(ckpt, &format!("{p}.mlp.down_proj"), c.hidden, c.inter)?,
-                act: Activation::Silu,
-            })
-        };
-        blocks.push(Block {
-            attn_norm: load_vector(ckpt, &format!("{p}.input_layernorm.weight"), c.hidden)?,
-            attn: Attention::Gqa(Box::new(attn)),
-            ffn_norm: load_vector(ckpt, &format!("{p}.post_attention_layernorm.weight"), c.hidden)?,
-            ffn,
-            res: None,
-        });
-    }
+        })
+    };
+    let layers = build_layers(ckpt, c.n_layers, loading, builder)?;
     let (embed, norm, lm_head) = load_ends(cfg, ckpt, c.vocab, c.hidden)?;
     Ok(Box::new(Decoder {
         info: ModelInfo {
@@ -154,7 +161,9 @@ pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, stores: StoreFactory<'_>) -> Re
             experts: Some(layout),
         },
         embed,
-        blocks,
+        layers: layers.layers,
+        states: layers.states,
+        spine: layers.store,
         norm,
         lm_head,
         eps: c.eps,

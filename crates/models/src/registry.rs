@@ -6,6 +6,7 @@ use std::sync::Arc;
 use strata_formats::{Checkpoint, JsonConfig};
 use strata_kernels::Linear;
 
+use crate::spine::Loading;
 use crate::weights::{load_linear, load_vector};
 use crate::{ExpertLayout, ExpertStore, Model, ModelError, Result};
 
@@ -26,7 +27,7 @@ pub struct Family {
     /// Every tensor a checkpoint of this config holds, from config alone (`strata inspect
     /// --config-only`), where the family can say.
     pub inventory: Option<InventoryFn>,
-    pub load: fn(&JsonConfig, &Checkpoint, StoreFactory<'_>) -> Result<Box<dyn Model>>,
+    pub load: fn(&JsonConfig, &Checkpoint, &Loading<'_>) -> Result<Box<dyn Model>>,
 }
 
 pub static FAMILIES: &[Family] = &[
@@ -117,9 +118,9 @@ pub fn family_for(cfg: &JsonConfig) -> Result<&'static Family> {
         })
 }
 
-pub fn load_model(cfg: &JsonConfig, ckpt: &Checkpoint, stores: StoreFactory<'_>) -> Result<Box<dyn Model>> {
+pub fn load_model(cfg: &JsonConfig, ckpt: &Checkpoint, loading: &Loading<'_>) -> Result<Box<dyn Model>> {
     let family = family_for(cfg)?;
-    (family.load)(cfg, ckpt, stores)
+    (family.load)(cfg, ckpt, loading)
 }
 
 /// Tensor names shared by every Llama-style checkpoint.

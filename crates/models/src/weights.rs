@@ -284,6 +284,15 @@ impl LinearSpec {
 /// Loads the linear layer whose tensors start with `base` as a (out, in) weight in its stored format.
 pub fn load_linear(ckpt: &Checkpoint, base: &str, out_dim: usize, in_dim: usize) -> Result<Linear> {
     let spec = resolve_linear(ckpt, base, out_dim, in_dim)?;
+    // Bytes a streamed layer's reads hold already: the weight views them where it can.
+    let views: Option<Vec<_>> = spec.tensors.iter().map(|t| ckpt.preloaded(t)).collect();
+    if let Some(views) = views {
+        let owner = views[0].1.clone();
+        let refs: Vec<&[u8]> = views.iter().map(|v| v.0).collect();
+        // SAFETY: `Preloaded` bytes stay valid and unchanged while their owner lives (its
+        // contract), and every weight viewing them holds the owner.
+        return unsafe { spec.build_in(&refs, Some(&owner)) }.map_err(|e| bad(ckpt, base, e));
+    }
     // 16-bit dense weights (most resident weights) go straight into their final buffer.
     if let LinearFormat::Dense(dtype @ (DType::BF16 | DType::F16)) = spec.format {
         let words = u16_vec_from_bytes(out_dim * in_dim, |bytes| ckpt.read_into(&spec.tensors[0], bytes))?;

@@ -4,11 +4,15 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use strata_experts::CachedStore;
+use strata_experts::{CachedStore, SpineStore};
 use strata_formats::{Checkpoint, DType, GenerationConfig, JsonConfig, QuantizationConfig};
-use strata_models::{family_for, load_model, ExpertLayout, ExpertStore, KvCache, Model, SeqInput, Trace};
+use strata_models::{
+    family_for, layer_of, load_model, BlockBuilder, ExpertLayout, ExpertStore, KvCache, LayerStore, Loading,
+    Model, SeqInput, StreamedLayer, Trace,
+};
 use strata_tokenizer::Tokenizer;
 
+use crate::memory::SPINE_AHEAD;
 use crate::MemoryPlan;
 use crate::SamplingParams;
 
@@ -31,7 +35,7 @@ pub enum EngineError {
     #[error("{}: the {family} family cannot list its tensors from config alone; give the model folder", path.display())]
     NoInventory { path: PathBuf, family: &'static str },
     #[error(
-        "--mem {} is too small for this model: its non-expert weights take {}, decoding state for the reserved context {}, read buffers {} (streaming non-expert weights is not implemented yet)",
+        "--mem {} is too small for this model: its resident weights take {} ({streamed} layers streamed), decoding state for the reserved context {}, read buffers {}",
         gib(*mem), gib(*resident), gib(*state), gib(*buffers)
     )]
     MemoryTooSmall {
@@ -39,6 +43,7 @@ pub enum EngineError {
         resident: usize,
         state: usize,
         buffers: usize,
+        streamed: usize,
     },
 }
 
@@ -61,6 +66,8 @@ pub struct LoadOptions {
     pub io: strata_experts::IoMode,
     /// Which cached expert makes room for a new one.
     pub eviction: strata_experts::Eviction,
+    /// Non-expert weights resident, streamed per layer, or whichever fits.
+    pub spine: crate::SpineMode,
 }
 
 /// Parses a size such as `512M`, `8G`, `1.5GiB`, `30K` or `123456` (bytes); binary units.
@@ -99,6 +106,8 @@ pub struct Engine {
     pub generation: GenerationConfig,
     /// The routed-expert store (its statistics: hits, misses, bytes read).
     pub experts: Option<Arc<CachedStore>>,
+    /// The store of streamed layers, when some are.
+    pub spine: Option<Arc<SpineStore>>,
     pub memory: MemoryPlan,
 }
 
@@ -127,7 +136,12 @@ impl Engine {
         let ckpt = Checkpoint::open(dir)?
             .with_quantization(QuantizationConfig::from_config(&cfg.text_config()?)?)
             .with_source(source);
-        let memory = MemoryPlan::new(&ModelPlan::from_dir(dir)?, options.mem, options.expert_cache)?;
+        let memory = MemoryPlan::new(
+            &ModelPlan::from_dir(dir)?,
+            options.mem,
+            options.expert_cache,
+            options.spine,
+        )?;
         let budget = memory.expert_cache;
         let store_slot: std::cell::RefCell<Option<Arc<CachedStore>>> = Default::default();
         let factory = |layout: &ExpertLayout| -> strata_models::Result<Arc<dyn ExpertStore>> {
@@ -142,10 +156,27 @@ impl Engine {
             *store_slot.borrow_mut() = Some(store.clone());
             Ok(store)
         };
+        let spine_slot: std::cell::RefCell<Option<Arc<SpineStore>>> = Default::default();
+        let layers = |streamed: Vec<StreamedLayer>,
+                      ckpt: Checkpoint,
+                      builder: BlockBuilder|
+         -> strata_models::Result<Arc<dyn LayerStore>> {
+            // Streamed layers' reads count with the experts' (one disk, one set of figures).
+            let stats = (store_slot.borrow().as_ref()).map_or_else(Default::default, |s| s.stats.clone());
+            let io = options.io;
+            let store = Arc::new(SpineStore::open(ckpt, streamed, builder, io, SPINE_AHEAD, stats)?);
+            *spine_slot.borrow_mut() = Some(store.clone());
+            Ok(store)
+        };
         if ckpt.source().is_some() {
             fetch_resident(&cfg, &ckpt)?;
         }
-        let model = load_model(&cfg, &ckpt, &factory)?;
+        let loading = Loading {
+            experts: &factory,
+            streamed: memory.streamed.iter().copied().collect(),
+            layers: Some(&layers),
+        };
+        let model = load_model(&cfg, &ckpt, &loading)?;
         let tokenizer = if dir.join("tokenizer.json").exists() || dir.join("tiktoken.model").exists() {
             Some(Tokenizer::from_dir(dir)?)
         } else {
@@ -166,6 +197,7 @@ impl Engine {
             tokenizer,
             generation,
             experts: store_slot.into_inner(),
+            spine: spine_slot.into_inner(),
             memory,
         })
     }
@@ -265,6 +297,8 @@ pub struct ModelPlan {
     pub expert_bytes: u64,
     pub non_expert_params: u64,
     pub non_expert_bytes: u64,
+    /// Non-expert bytes of each decoder layer (the part that can stream).
+    pub layer_bytes: Vec<u64>,
     /// Parameters of the input embedding when the head is a separate tensor (a row lookup per
     /// token, not counted as active).
     pub embedding_params: u64,
@@ -336,6 +370,7 @@ impl ModelPlan {
             expert_bytes: 0,
             non_expert_params: 0,
             non_expert_bytes: 0,
+            layer_bytes: vec![0; summary.n_layers],
             embedding_params: 0,
             formats: Vec::new(),
         };
@@ -356,6 +391,9 @@ impl ModelPlan {
             } else {
                 plan.non_expert_params += params;
                 plan.non_expert_bytes += len;
+                if let Some(l) = layer_of(&name).filter(|&l| l < summary.n_layers) {
+                    plan.layer_bytes[l] += len;
+                }
             }
             let f = formats.entry(dtype.name().to_string()).or_default();
             f.0 += 1;

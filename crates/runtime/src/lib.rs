@@ -11,7 +11,7 @@ mod stop;
 
 pub use engine::{available_memory, parse_size, Engine, EngineError, LoadOptions, LogitsOutput, ModelPlan};
 pub use generate::{Batch, FinishReason, GenEvent, Request, RequestExtras, TokenLogprobs};
-pub use memory::{MemoryPlan, STATE_RESERVE_TOKENS};
+pub use memory::{MemoryPlan, SpineMode, STATE_RESERVE_TOKENS};
 pub use rng::Rng;
 pub use sampler::{Sampler, SamplingParams};
 pub use stop::StopMatcher;

@@ -1,6 +1,14 @@
 //! `--mem`: one budget for everything strata holds. Resident non-expert weights, a reserve for
 //! decoding state (KV cache), buffers for reads in flight, and the expert cache, which gets what
 //! is left (unless `--expert-cache` sets it).
+//!
+//! When the non-expert weights do not fit, decoder layers are streamed instead (`--spine`):
+//! their weights are read from disk each time they run. A resident byte of a layer saves a read
+//! of that byte at every token, more than a byte of expert cache saves (experts hit less than
+//! always), so the plan keeps as many layers resident as fit once the expert cache has a
+//! minimum (two MoE layers of active experts, room for the next layer's prefetched guesses),
+//! and streams the rest, spread evenly through the model so their reads overlap the compute
+//! of the resident ones.
 
 use crate::{EngineError, ModelPlan};
 
@@ -11,12 +19,33 @@ pub const STATE_RESERVE_TOKENS: usize = 8192;
 /// binary and the page cache the kernel needs to make progress under a hard cap.
 const WORK_BYTES: usize = 640 << 20;
 
+/// What happens to non-expert weights (`--spine`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SpineMode {
+    /// Resident when they fit, otherwise as many layers resident as fit and the rest streamed.
+    #[default]
+    Auto,
+    /// All resident (an error when they do not fit).
+    Resident,
+    /// Every decoder layer streamed (the embedding, final norm and head stay resident).
+    Stream,
+}
+
+/// Streamed layers read ahead of the one computing.
+pub const SPINE_AHEAD: usize = strata_experts::DEFAULT_AHEAD;
+
 #[derive(Clone, Debug)]
 pub struct MemoryPlan {
     /// The whole budget.
     pub mem: usize,
     /// Non-expert weights, loaded into RAM.
     pub resident: usize,
+    /// Decoder layers whose non-expert weights stream (read at every token), in order.
+    pub streamed: Vec<usize>,
+    /// Bytes the streamed layers read per token.
+    pub streamed_bytes: usize,
+    /// Read buffers of streamed layers (the ones ahead, the one computing, one recycled).
+    pub spine_buffers: usize,
     pub state_per_token: usize,
     /// State one sequence holds whatever its length (recurrent layers).
     pub state_per_sequence: usize,
@@ -36,7 +65,7 @@ impl MemoryPlan {
 
     /// Bytes the plan accounts for.
     pub fn total(&self) -> usize {
-        self.resident + self.state_reserve() + self.buffers + self.expert_cache
+        self.resident + self.state_reserve() + self.buffers + self.spine_buffers + self.expert_cache
     }
 
     /// Default budget: 90 % of the memory available now.
@@ -48,14 +77,20 @@ impl MemoryPlan {
         plan: &ModelPlan,
         mem: Option<usize>,
         expert_cache: Option<usize>,
+        spine: SpineMode,
     ) -> Result<MemoryPlan, EngineError> {
         let mem = mem.unwrap_or_else(Self::default_mem);
-        let resident = plan.non_expert_bytes as usize;
         let state_reserve_tokens = STATE_RESERVE_TOKENS.min(plan.max_positions);
         let buffers = 2 * strata_experts::DEFAULT_IO_THREADS * plan.bytes_per_expert() as usize + WORK_BYTES;
+        let layers: Vec<usize> = plan.layer_bytes.iter().map(|&b| b as usize).collect();
+        let all_layers: usize = layers.iter().sum();
+        let ends = plan.non_expert_bytes as usize - all_layers;
         let mut p = MemoryPlan {
             mem,
-            resident,
+            resident: plan.non_expert_bytes as usize,
+            streamed: Vec::new(),
+            streamed_bytes: 0,
+            spine_buffers: 0,
             state_per_token: plan.state_bytes_per_token,
             state_per_sequence: plan.state_bytes_per_sequence,
             state_reserve_tokens,
@@ -63,19 +98,67 @@ impl MemoryPlan {
             expert_cache: 0,
             expert_cache_set: expert_cache.is_some(),
         };
-        let fixed = p.resident + p.state_reserve() + p.buffers;
+        let stream = |p: &mut MemoryPlan, k: usize| {
+            p.streamed = spread(&layers, k);
+            p.streamed_bytes = p.streamed.iter().map(|&l| layers[l]).sum();
+            let largest = p.streamed.iter().map(|&l| layers[l]).max().unwrap_or(0);
+            p.spine_buffers = (SPINE_AHEAD + 2) * largest;
+            p.resident = ends + all_layers - p.streamed_bytes;
+        };
+        let min_cache = expert_cache.unwrap_or(2 * plan.layout.top_k * plan.bytes_per_expert() as usize);
+        let fixed = |p: &MemoryPlan| p.resident + p.state_reserve() + p.buffers + p.spine_buffers;
+        let streamable = layers.iter().filter(|&&b| b > 0).count();
+        match spine {
+            SpineMode::Resident => {}
+            SpineMode::Stream => stream(&mut p, streamable),
+            SpineMode::Auto => {
+                let mut k = 0;
+                while fixed(&p) + min_cache > mem && k < streamable {
+                    k += 1;
+                    stream(&mut p, k);
+                }
+            }
+        }
         p.expert_cache = match expert_cache {
             Some(bytes) => bytes,
-            None if fixed <= mem => mem - fixed,
+            None if fixed(&p) <= mem => mem - fixed(&p),
             None => {
                 return Err(EngineError::MemoryTooSmall {
                     mem,
                     resident: p.resident,
                     state: p.state_reserve(),
-                    buffers: p.buffers,
+                    buffers: p.buffers + p.spine_buffers,
+                    streamed: p.streamed.len(),
                 })
             }
         };
         Ok(p)
+    }
+}
+
+/// `k` of the layers with weights, spread evenly (largest gaps first), in order.
+fn spread(layers: &[usize], k: usize) -> Vec<usize> {
+    let candidates: Vec<usize> = (0..layers.len()).filter(|&l| layers[l] > 0).collect();
+    let n = candidates.len();
+    let k = k.min(n);
+    (0..n)
+        .filter(|&i| (i + 1) * k / n > i * k / n)
+        .map(|i| candidates[i])
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::spread;
+
+    #[test]
+    fn streamed_layers_are_spread_evenly() {
+        let layers = [5usize; 8];
+        assert_eq!(spread(&layers, 0), Vec::<usize>::new());
+        assert_eq!(spread(&layers, 2), vec![3, 7]);
+        assert_eq!(spread(&layers, 4), vec![1, 3, 5, 7]);
+        assert_eq!(spread(&layers, 8), (0..8).collect::<Vec<_>>());
+        // Layers without weights of their own are never streamed.
+        assert_eq!(spread(&[0, 5, 0, 5], 9), vec![1, 3]);
     }
 }

@@ -1,7 +1,7 @@
-//! A shard that shrinks while the engine runs (the expert store reads it lazily) gives a clear
-//! error naming the file, not a panic or wrong output.
+//! A shard that shrinks while the engine runs (the expert store and streamed layers read it
+//! lazily) gives a clear error naming the file, not a panic or wrong output.
 
-use strata_runtime::{Engine, LoadOptions, ModelPlan};
+use strata_runtime::{Engine, LoadOptions, ModelPlan, SpineMode};
 use strata_testkit::{as_u32s, golden, ScratchCopy};
 
 #[test]
@@ -14,20 +14,35 @@ fn a_shard_truncated_mid_run_is_a_clear_error() {
             eprintln!("io_uring is not available to this process: only --io pread checked");
             continue;
         }
-        truncated_mid_run(io, tag);
+        // No expert fits in the cache: every routed expert is read at use.
+        truncated_mid_run("qwen3-moe-tiny", io, tag, Some(1), SpineMode::Auto);
     }
+    // Every expert stays cached after the first pass; the layers' weights are read again (a
+    // model with more layers than are read ahead).
+    truncated_mid_run(
+        "kimi-linear-tiny",
+        strata_experts::IoMode::Direct,
+        "shrink-spine",
+        None,
+        SpineMode::Stream,
+    );
 }
 
-fn truncated_mid_run(io: strata_experts::IoMode, tag: &str) {
-    let model = "qwen3-moe-tiny";
+fn truncated_mid_run(
+    model: &str,
+    io: strata_experts::IoMode,
+    tag: &str,
+    expert_cache: Option<usize>,
+    spine: SpineMode,
+) {
     let scratch = ScratchCopy::new(model, tag);
     let plan = ModelPlan::from_dir(&scratch.0).unwrap();
-    // No expert fits in the cache: every routed expert is read at use.
     let engine = Engine::load(
         &scratch.0,
         &LoadOptions {
-            expert_cache: Some(1),
+            expert_cache,
             io,
+            spine,
             ..Default::default()
         },
     )
@@ -47,13 +62,16 @@ fn truncated_mid_run(io: strata_experts::IoMode, tag: &str) {
         }
     }
     assert!(plan.expert_bytes > 0);
-    let err = engine
-        .logits(&ids)
-        .expect_err("reading a truncated shard must fail")
-        .to_string();
+    let Err(err) = engine.logits(&ids) else {
+        panic!("{model} {io:?} {spine:?}: reading a truncated shard must fail");
+    };
+    let err = err.to_string();
     assert!(
         cut.iter().any(|name| err.contains(name.as_str())),
         "{io:?}: error names no shard: {err}"
     );
     assert!(err.contains("truncated"), "{io:?}: error does not say why: {err}");
+    if spine == SpineMode::Stream {
+        assert!(err.contains("streaming its weights"), "{err}");
+    }
 }

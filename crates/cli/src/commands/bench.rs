@@ -239,12 +239,21 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     }
     row("mean", &total, steps);
     println!(
-        "expert reads          {:.1} MB/token, hit rate {:.1} %, waiting {:.3} s/token ({:.0} % of token time)",
+        "reads                 {:.1} MB/token, expert hit rate {:.1} %, waiting {:.3} s/token ({:.0} % of token time)",
         bytes_per_token / 1e6,
         hit_rate * 100.0,
         wait_s / steps,
         100.0 * wait_s / decode_s
     );
+    if let Some(spine) = &engine.spine {
+        println!(
+            "streamed layers       {} of {} layers' non-expert weights read at every token: {:.1} MB/token (in the reads above), waiting {:.3} s/token",
+            spine.layers().len(),
+            info.n_layers,
+            total.spine_bytes / steps / 1e6,
+            total.spine_wait_s / steps
+        );
+    }
     println!(
         "effective read        {:.2} GB/s = {:.0} % of the disk's direct-read bandwidth around each token, {:.2} GB/s (bytes over the time reads were in flight)",
         effective_bw / 1e9,
@@ -312,6 +321,9 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             "prefill_s": prefill_s,
             "prefill_bytes_read": prefill_stats[2] - before.store[2],
             "tokens_per_s": 1.0 / per_token_s,
+            "streamed_layers": engine.spine.as_ref().map_or(0, |s| s.layers().len()),
+            "spine_bytes_per_token": total.spine_bytes / steps,
+            "spine_wait_s_per_token": total.spine_wait_s / steps,
             "read_wait_s_per_token": wait_s / steps,
             "effective_over_raw": effective_bw / raw_bw,
             "io_bound_s_per_token": io_bound_s,
@@ -348,7 +360,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
 /// The counters at one moment of the run.
 struct Mark {
     at: Instant,
-    store: [u64; 6],
+    store: [u64; 8],
     phases: [u64; 2],
     asked: u64,
     right: u64,
@@ -360,11 +372,15 @@ struct TokenFigures {
     /// token's bytes / rate).
     raw_gbs: f64,
     seconds: f64,
+    /// Waiting for expert reads and for streamed layers' reads.
     wait_s: f64,
+    spine_wait_s: f64,
     busy_s: f64,
     expert_s: f64,
     attention_s: f64,
     bytes: f64,
+    /// Of `bytes`, streamed layers' non-expert weights.
+    spine_bytes: f64,
     hits: f64,
     misses: f64,
     asked: f64,
@@ -374,17 +390,20 @@ struct TokenFigures {
 impl TokenFigures {
     fn between(a: &Mark, b: &Mark, raw_bw: f64) -> TokenFigures {
         let d = |i: usize| (b.store[i] - a.store[i]) as f64;
-        let wait_s = d(4) / 1e9;
+        let expert_wait_s = d(4) / 1e9;
+        let spine_wait_s = d(7) / 1e9;
         let moe_s = (b.phases[1] - a.phases[1]) as f64 / 1e9;
         TokenFigures {
             raw_gbs: raw_bw / 1e9,
             seconds: (b.at - a.at).as_secs_f64(),
-            wait_s,
+            wait_s: expert_wait_s + spine_wait_s,
+            spine_wait_s,
             busy_s: d(5) / 1e9,
             // MoE layers' time less their wait for reads: router, shared and routed experts.
-            expert_s: (moe_s - wait_s).max(0.0),
+            expert_s: (moe_s - expert_wait_s).max(0.0),
             attention_s: (b.phases[0] - a.phases[0]) as f64 / 1e9,
             bytes: d(2),
+            spine_bytes: d(6),
             hits: d(0),
             misses: d(1),
             asked: (b.asked - a.asked) as f64,
@@ -403,10 +422,12 @@ impl TokenFigures {
             },
             seconds: add(|t| t.seconds),
             wait_s: add(|t| t.wait_s),
+            spine_wait_s: add(|t| t.spine_wait_s),
             busy_s: add(|t| t.busy_s),
             expert_s: add(|t| t.expert_s),
             attention_s: add(|t| t.attention_s),
             bytes,
+            spine_bytes: add(|t| t.spine_bytes),
             hits: add(|t| t.hits),
             misses: add(|t| t.misses),
             asked: add(|t| t.asked),
@@ -458,6 +479,7 @@ impl TokenFigures {
         serde_json::json!({
             "seconds": self.seconds, "io_wait_s": self.wait_s, "expert_compute_s": self.expert_s,
             "attention_s": self.attention_s, "other_s": self.other_s(), "bytes_read": self.bytes,
+            "spine_bytes_read": self.spine_bytes, "spine_wait_s": self.spine_wait_s,
             "read_gbps": self.read_gbs(), "raw_gbps": self.raw_gbs, "hit_rate": self.hit_rate(),
             "prefetch_recall": self.recall(),
         })

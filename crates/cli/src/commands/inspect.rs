@@ -16,6 +16,9 @@ pub struct InspectArgs {
     /// Plan with this expert cache instead of what --mem leaves.
     #[arg(long, value_name = "SIZE", value_parser = strata_runtime::parse_size)]
     expert_cache: Option<usize>,
+    /// Plan non-expert weights this way (see `strata run --help`).
+    #[arg(long, value_enum, default_value_t = super::Spine::Auto)]
+    spine: super::Spine,
     /// Print the figures as JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -74,7 +77,7 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
         ),
     };
     let l = &plan.layout;
-    let memory = MemoryPlan::new(&plan, args.mem, args.expert_cache);
+    let memory = MemoryPlan::new(&plan, args.mem, args.expert_cache, args.spine.mode());
     if args.json {
         let body = serde_json::json!({
             "architecture": plan.architecture,
@@ -92,10 +95,13 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
             "non_expert_params": plan.non_expert_params,
             "expert_bytes": plan.expert_bytes,
             "non_expert_bytes": plan.non_expert_bytes,
+            "layer_bytes": plan.layer_bytes,
             "bytes_per_expert": plan.bytes_per_expert(),
             "uncached_token_bytes": plan.uncached_token_bytes(),
             "memory": memory.as_ref().ok().map(|m| serde_json::json!({
-                "mem": m.mem, "resident": m.resident, "state_bytes_per_token": m.state_per_token,
+                "mem": m.mem, "resident": m.resident, "streamed_layers": m.streamed,
+                "streamed_bytes_per_token": m.streamed_bytes, "spine_buffers": m.spine_buffers,
+                "state_bytes_per_token": m.state_per_token,
                 "state_bytes_per_sequence": m.state_per_sequence,
                 "state_reserve_tokens": m.state_reserve_tokens, "state_reserve": m.state_reserve(),
                 "buffers": m.buffers, "expert_cache": m.expert_cache,
@@ -147,10 +153,26 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
     match &memory {
         Ok(m) => {
             println!("memory plan      --mem {}", human_bytes(m.mem as u64));
-            println!(
-                "  resident       {} (non-expert weights)",
-                human_bytes(m.resident as u64)
-            );
+            if m.streamed.is_empty() {
+                println!(
+                    "  resident       {} (non-expert weights)",
+                    human_bytes(m.resident as u64)
+                );
+            } else {
+                println!(
+                    "  resident       {} (non-expert weights of {} of {} layers, embedding, head)",
+                    human_bytes(m.resident as u64),
+                    plan.n_layers - m.streamed.len(),
+                    plan.n_layers
+                );
+                println!(
+                    "  streamed       {} layers read at every token: {} ({:.1} GB per token on top of experts)",
+                    m.streamed.len(),
+                    human_bytes(m.streamed_bytes as u64),
+                    m.streamed_bytes as f64 / 1e9
+                );
+                println!("  layer buffers  {}", human_bytes(m.spine_buffers as u64));
+            }
             println!(
                 "  state          {} per token + {} per sequence; {} reserved for {} tokens",
                 human_bytes(m.state_per_token as u64),

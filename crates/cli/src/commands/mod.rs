@@ -149,6 +149,28 @@ pub struct MemArgs {
     /// Half-life of an expert use for `--cache-policy lfu`, in expert accesses.
     #[arg(long, default_value_t = 4096, value_name = "N")]
     lfu_half_life: u64,
+    /// Non-expert weights: `auto` keeps them resident when they fit --mem and otherwise streams
+    /// as many decoder layers as needed (read from disk at every token, a few layers ahead);
+    /// `resident` refuses to stream; `stream` streams every decoder layer.
+    #[arg(long, value_enum, default_value_t = Spine::Auto)]
+    pub spine: Spine,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Spine {
+    Auto,
+    Resident,
+    Stream,
+}
+
+impl Spine {
+    pub fn mode(self) -> strata_runtime::SpineMode {
+        match self {
+            Spine::Auto => strata_runtime::SpineMode::Auto,
+            Spine::Resident => strata_runtime::SpineMode::Resident,
+            Spine::Stream => strata_runtime::SpineMode::Stream,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -187,6 +209,7 @@ impl MemArgs {
                 Io::Uring => strata_experts::IoMode::Uring,
                 Io::Mmap => strata_experts::IoMode::Mmap,
             },
+            spine: self.spine.mode(),
         }
     }
 }

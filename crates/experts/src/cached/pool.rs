@@ -6,15 +6,15 @@ use crate::direct::AlignedBuf;
 
 /// Read buffers that held experts no one uses any more, kept for the next reads: a fresh buffer
 /// would have the kernel fault in and zero every one of its pages again.
-pub(super) struct BufferPool {
-    pub(super) free: Mutex<(Vec<AlignedBuf>, usize)>,
+pub(crate) struct BufferPool {
+    pub(crate) free: Mutex<(Vec<AlignedBuf>, usize)>,
     /// Most bytes kept free.
-    pub(super) max_bytes: usize,
+    pub(crate) max_bytes: usize,
 }
 
 impl BufferPool {
     /// The smallest free buffer of at least `len` bytes, or a new one.
-    pub(super) fn take(&self, len: usize) -> AlignedBuf {
+    pub(crate) fn take(&self, len: usize) -> AlignedBuf {
         let mut free = self.free.lock().expect("pool lock");
         let best = (free.0.iter().enumerate())
             .filter(|(_, b)| b.capacity() >= len)
@@ -37,7 +37,7 @@ impl BufferPool {
         }
     }
 
-    pub(super) fn give(&self, buf: AlignedBuf) {
+    pub(crate) fn give(&self, buf: AlignedBuf) {
         let mut free = self.free.lock().expect("pool lock");
         if free.1 + buf.capacity() <= self.max_bytes {
             free.1 += buf.capacity();
@@ -47,9 +47,9 @@ impl BufferPool {
 }
 
 /// An expert's read buffers while its weights view them; back to the pool when dropped.
-pub(super) struct PooledBuffers {
-    pub(super) buffers: Vec<AlignedBuf>,
-    pub(super) pool: Arc<BufferPool>,
+pub(crate) struct PooledBuffers {
+    pub(crate) buffers: Vec<AlignedBuf>,
+    pub(crate) pool: Arc<BufferPool>,
 }
 
 impl Drop for PooledBuffers {

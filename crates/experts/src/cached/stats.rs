@@ -23,13 +23,18 @@ pub struct StoreStats {
     /// copied out of it (misaligned tensors, or scales widened to f32).
     pub zero_copy_matrices: AtomicU64,
     pub copied_matrices: AtomicU64,
+    /// Streamed layers' non-expert weights: layers read, their bytes (also in `bytes_read`) and
+    /// the wall time callers waited for them.
+    pub spine_layers: AtomicU64,
+    pub spine_bytes: AtomicU64,
+    pub spine_wait_ns: AtomicU64,
     /// Reads in flight, and since when the count has been above zero.
     in_flight: std::sync::Mutex<(usize, Option<std::time::Instant>)>,
 }
 
 impl StoreStats {
-    /// [hits, misses, bytes_read, evictions, wait_ns, busy_ns]
-    pub fn snapshot(&self) -> [u64; 6] {
+    /// [hits, misses, bytes_read, evictions, wait_ns, busy_ns, spine_bytes, spine_wait_ns]
+    pub fn snapshot(&self) -> [u64; 8] {
         [
             self.hits.load(Ordering::Relaxed),
             self.misses.load(Ordering::Relaxed),
@@ -37,6 +42,8 @@ impl StoreStats {
             self.evictions.load(Ordering::Relaxed),
             self.wait_ns.load(Ordering::Relaxed),
             self.busy_now(),
+            self.spine_bytes.load(Ordering::Relaxed),
+            self.spine_wait_ns.load(Ordering::Relaxed),
         ]
     }
 
@@ -46,7 +53,7 @@ impl StoreStats {
         self.busy_ns.load(Ordering::Relaxed) + open.map_or(0, |t| t.elapsed().as_nanos() as u64)
     }
 
-    pub(super) fn read_started(&self) {
+    pub(crate) fn read_started(&self) {
         let mut f = self.in_flight.lock().expect("in-flight lock");
         if f.0 == 0 {
             f.1 = Some(std::time::Instant::now());
@@ -54,7 +61,7 @@ impl StoreStats {
         f.0 += 1;
     }
 
-    pub(super) fn read_finished(&self) {
+    pub(crate) fn read_finished(&self) {
         let mut f = self.in_flight.lock().expect("in-flight lock");
         f.0 -= 1;
         if f.0 == 0 {

@@ -88,15 +88,15 @@ impl Shared {
         loop {
             let mut taken = Vec::new();
             {
-                let mut q = self.queue.lock().expect("queue lock");
+                let mut q = self.jobs.queue.lock().expect("queue lock");
                 loop {
-                    if self.shutdown.load(Ordering::Relaxed) && reads.is_empty() {
+                    if self.jobs.is_closed() && reads.is_empty() {
                         return; // nothing in the ring writes into freed buffers
                     }
                     if !q.is_empty() || !reads.is_empty() || !waiting.is_empty() {
                         break;
                     }
-                    q = self.queued.wait(q).expect("queue wait");
+                    q = self.jobs.ready.wait(q).expect("queue wait");
                 }
                 taken.extend(q.drain(..));
             }

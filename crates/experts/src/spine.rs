@@ -1,0 +1,347 @@
+//! Streamed layers: the non-expert weights of decoder layers that do not fit the memory budget,
+//! read from disk each time they run with the same direct reads as experts, a few layers ahead of
+//! the one computing, and dropped after use (their read buffers go back to a pool).
+//!
+//! Each layer's tensors (as its block's dry build recorded them) are resolved at load time into
+//! the fewest contiguous reads; the reads of one layer are spread over the reader threads, and the
+//! thread that completes a layer's last read builds its block, whose weights view the buffers.
+//! `get(l)` keeps layer `l` and the next [`SpineStore::ahead`] streamed layers (in model order,
+//! wrapping to the next token's first) read or in flight, and lets go of the rest.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+
+use strata_formats::{BytesOwner, Checkpoint, Preloaded};
+use strata_models::{Block, BlockBuilder, LayerStore, StreamedLayer};
+
+use crate::cached::pool::BufferPool;
+use crate::direct::{AlignedBuf, DirectFile, IoMode, ALIGN};
+use crate::jobs::Jobs;
+use crate::plan::{coalesce, ReadRun};
+use crate::StoreStats;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Reads of one layer are split at tensor boundaries into pieces of at most this much, so that
+/// several threads share a layer.
+const MAX_RUN: u64 = 64 << 20;
+
+/// Reader threads for streamed layers.
+pub const SPINE_THREADS: usize = 4;
+
+/// Streamed layers read ahead of the one in use, by default.
+pub const DEFAULT_AHEAD: usize = 2;
+
+struct LayerPlan {
+    tensors: Vec<String>,
+    runs: Vec<ReadRun>,
+    bytes: u64,
+}
+
+/// One layer's read: its buffers as they land, then the block (or what went wrong).
+struct LayerRead {
+    layer: usize,
+    buffers: Mutex<Vec<Option<(AlignedBuf, usize)>>>,
+    remaining: AtomicUsize,
+    error: Mutex<Option<String>>,
+    result: Mutex<Option<Result<Arc<Block>, String>>>,
+    done: Condvar,
+}
+
+impl LayerRead {
+    fn wait(&self) -> Result<Arc<Block>, String> {
+        let mut r = self.result.lock().expect("layer lock");
+        loop {
+            if let Some(result) = r.as_ref() {
+                return result.clone();
+            }
+            r = self.done.wait(r).expect("layer wait");
+        }
+    }
+
+    fn complete(&self, result: Result<Arc<Block>, String>) {
+        *self.result.lock().expect("layer lock") = Some(result);
+        self.done.notify_all();
+    }
+}
+
+/// A layer's read buffers with where each tensor lies in them: the bytes its block views.
+struct LayerBytes {
+    buffers: Vec<AlignedBuf>,
+    skips: Vec<usize>,
+    /// name -> (buffer, offset after the skip, length)
+    pieces: HashMap<String, (usize, usize, usize)>,
+    pool: Arc<BufferPool>,
+}
+
+// SAFETY: the buffers are owned here, never written after the reads that filled them, and go
+// back to the pool only when this (the owner every viewing weight holds) is dropped.
+unsafe impl Preloaded for LayerBytes {
+    fn bytes(&self, name: &str) -> Option<&[u8]> {
+        let &(b, off, len) = self.pieces.get(name)?;
+        let start = self.skips[b] + off;
+        Some(&self.buffers[b].as_slice()[start..start + len])
+    }
+}
+
+impl Drop for LayerBytes {
+    fn drop(&mut self) {
+        for b in self.buffers.drain(..) {
+            self.pool.give(b);
+        }
+    }
+}
+
+struct Shared {
+    ckpt: Checkpoint,
+    files: Vec<DirectFile>,
+    plans: BTreeMap<usize, LayerPlan>,
+    /// Streamed layers in model order.
+    order: Vec<usize>,
+    builder: BlockBuilder,
+    ahead: usize,
+    /// Layers read or in flight.
+    slots: Mutex<HashMap<usize, Arc<LayerRead>>>,
+    jobs: Jobs<(Arc<LayerRead>, usize)>,
+    pool: Arc<BufferPool>,
+    stats: Arc<StoreStats>,
+}
+
+pub struct SpineStore {
+    shared: Arc<Shared>,
+    workers: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl SpineStore {
+    /// Resolves the reads of every streamed layer and starts the readers. Reads count in
+    /// `stats` (with the experts' when the store is shared).
+    pub fn open(
+        ckpt: Checkpoint,
+        layers: Vec<StreamedLayer>,
+        builder: BlockBuilder,
+        io: IoMode,
+        ahead: usize,
+        stats: Arc<StoreStats>,
+    ) -> strata_models::Result<SpineStore> {
+        let mut plans = BTreeMap::new();
+        for l in &layers {
+            let mut located = Vec::with_capacity(l.tensors.len());
+            let mut bytes = 0;
+            for (i, name) in l.tensors.iter().enumerate() {
+                let e = ckpt.entry(name)?;
+                bytes += e.info.len;
+                located.push((e.shard, e.info.offset, e.info.len, i));
+            }
+            let runs = coalesce(located, MAX_RUN);
+            plans.insert(
+                l.layer,
+                LayerPlan {
+                    tensors: l.tensors.clone(),
+                    runs,
+                    bytes,
+                },
+            );
+        }
+        let largest = (plans.values())
+            .map(|p| p.runs.iter().map(|r| r.len as usize + 2 * ALIGN).sum::<usize>())
+            .max()
+            .unwrap_or(0);
+        let mode = if io == IoMode::Mmap {
+            IoMode::Mmap
+        } else {
+            IoMode::Direct
+        };
+        let mut files = Vec::with_capacity(ckpt.n_shards());
+        for s in 0..ckpt.n_shards() {
+            let path = ckpt.shard_path(s);
+            files.push(
+                DirectFile::open_mode(path, mode).map_err(|e| strata_formats::FormatError::Io {
+                    path: path.to_path_buf(),
+                    source: e,
+                })?,
+            );
+        }
+        let shared = Arc::new(Shared {
+            ckpt,
+            files,
+            order: plans.keys().copied().collect(),
+            plans,
+            builder,
+            ahead,
+            slots: Mutex::new(HashMap::new()),
+            jobs: Jobs::new(),
+            pool: Arc::new(BufferPool {
+                free: Mutex::new((Vec::new(), 0)),
+                // One layer's worth: what the layer just used hands to the next read.
+                max_bytes: largest,
+            }),
+            stats,
+        });
+        let workers = (0..SPINE_THREADS)
+            .map(|i| {
+                let shared = shared.clone();
+                std::thread::Builder::new()
+                    .name(format!("strata-spine-{i}"))
+                    .spawn(move || shared.worker())
+                    .expect("spawning a reader thread")
+            })
+            .collect();
+        Ok(SpineStore { shared, workers })
+    }
+
+    /// Bytes one pass over every streamed layer reads.
+    pub fn bytes_per_pass(&self) -> u64 {
+        self.shared.plans.values().map(|p| p.bytes).sum()
+    }
+
+    /// The streamed layers, in model order.
+    pub fn layers(&self) -> &[usize] {
+        &self.shared.order
+    }
+}
+
+impl Drop for SpineStore {
+    fn drop(&mut self) {
+        self.shared.jobs.close();
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+impl Shared {
+    fn worker(&self) {
+        while let Some((read, run)) = self.jobs.next() {
+            if let Err(e) = self.read_run(&read, run) {
+                // The first error of a layer's reads is the one reported.
+                read.error.lock().expect("layer lock").get_or_insert(e);
+            }
+            if read.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+                let result = match read.error.lock().expect("layer lock").take() {
+                    Some(e) => Err(e),
+                    None => self.assemble(&read),
+                };
+                read.complete(result);
+            }
+        }
+    }
+
+    fn read_run(&self, read: &LayerRead, i: usize) -> Result<(), String> {
+        let run = &self.plans[&read.layer].runs[i];
+        let file = &self.files[run.shard];
+        let what = || {
+            format!(
+                "{}: reading the weights of layer {} ({} bytes at {})",
+                file.path().display(),
+                read.layer,
+                run.len,
+                run.offset
+            )
+        };
+        self.ckpt
+            .ensure(run.shard, run.offset, run.len)
+            .map_err(|e| format!("{}: {e}", what()))?;
+        let mut buf = self.pool.take(run.len as usize + 2 * ALIGN);
+        self.stats.read_started();
+        let skip = file.read_range_into(run.offset, run.len as usize, &mut buf);
+        self.stats.read_finished();
+        let skip = skip.map_err(|e| format!("{}: {e}", what()))?;
+        self.stats.bytes_read.fetch_add(run.len, Ordering::Relaxed);
+        self.stats.spine_bytes.fetch_add(run.len, Ordering::Relaxed);
+        read.buffers.lock().expect("layer lock")[i] = Some((buf, skip));
+        Ok(())
+    }
+
+    /// The block of a layer whose reads have all landed.
+    fn assemble(&self, read: &LayerRead) -> Result<Arc<Block>, String> {
+        let plan = &self.plans[&read.layer];
+        let (buffers, skips): (Vec<AlignedBuf>, Vec<usize>) =
+            std::mem::take(&mut *read.buffers.lock().expect("layer lock"))
+                .into_iter()
+                .map(|b| b.expect("every run read"))
+                .unzip();
+        let mut pieces = HashMap::with_capacity(plan.tensors.len());
+        for (b, run) in plan.runs.iter().enumerate() {
+            for &(t, off, len) in &run.pieces {
+                pieces.insert(plan.tensors[t].clone(), (b, off as usize, len as usize));
+            }
+        }
+        let bytes = Arc::new(LayerBytes {
+            buffers,
+            skips,
+            pieces,
+            pool: self.pool.clone(),
+        });
+        let owner: BytesOwner = bytes.clone();
+        let view = self.ckpt.with_preloaded(bytes, owner);
+        let block = (self.builder)(&view, read.layer).map_err(|e| e.to_string())?;
+        self.stats.spine_layers.fetch_add(1, Ordering::Relaxed);
+        Ok(Arc::new(block))
+    }
+
+    /// Makes sure `layer` is read or in flight (its reads first in line when `urgent`).
+    fn request(
+        &self,
+        slots: &mut HashMap<usize, Arc<LayerRead>>,
+        layer: usize,
+        urgent: bool,
+    ) -> Arc<LayerRead> {
+        if let Some(r) = slots.get(&layer) {
+            return r.clone();
+        }
+        let n = self.plans[&layer].runs.len();
+        let read = Arc::new(LayerRead {
+            layer,
+            buffers: Mutex::new((0..n).map(|_| None).collect()),
+            remaining: AtomicUsize::new(n),
+            error: Mutex::new(None),
+            result: Mutex::new(None),
+            done: Condvar::new(),
+        });
+        if n == 0 {
+            read.complete(self.assemble(&read));
+        } else {
+            self.jobs.push((0..n).map(|i| (read.clone(), i)), urgent);
+        }
+        slots.insert(layer, read.clone());
+        read
+    }
+}
+
+impl LayerStore for SpineStore {
+    fn get(&self, layer: usize) -> Result<Arc<Block>, BoxError> {
+        let s = &self.shared;
+        let Some(pos) = s.order.iter().position(|&l| l == layer) else {
+            return Err(format!("layer {layer} is not a streamed layer").into());
+        };
+        let read = {
+            let mut slots = s.slots.lock().expect("slots lock");
+            let read = s.request(&mut slots, layer, true);
+            let wanted: Vec<usize> = (0..=s.ahead.min(s.order.len() - 1))
+                .map(|i| s.order[(pos + i) % s.order.len()])
+                .collect();
+            for &l in &wanted[1..] {
+                s.request(&mut slots, l, false);
+            }
+            slots.retain(|l, _| wanted.contains(l));
+            read
+        };
+        let t0 = std::time::Instant::now();
+        let result = read.wait();
+        s.stats
+            .spine_wait_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        result.map_err(|e| {
+            // Read again next time rather than keep failing on a stale result.
+            s.slots.lock().expect("slots lock").remove(&layer);
+            e.into()
+        })
+    }
+
+    fn ready(&self, layer: usize) -> Option<Arc<Block>> {
+        let read = self.shared.slots.lock().expect("slots lock").get(&layer)?.clone();
+        let result = read.result.lock().expect("layer lock");
+        result.as_ref()?.as_ref().ok().cloned()
+    }
+}

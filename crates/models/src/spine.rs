@@ -1,0 +1,214 @@
+//! The "spine": a model's non-expert weights (attention, norms, routers, shared experts, dense
+//! MLPs). When they fit the memory budget they are built once and stay resident; when they do not,
+//! chosen decoder layers are *streamed*: their weights are read from disk each time the layer runs
+//! and dropped after, by a [`LayerStore`] the runtime supplies (models do no I/O).
+//!
+//! A family describes how to build one decoder block from a checkpoint ([`BlockBuilder`]). For a
+//! streamed layer that builder runs once at load time on a *dry* view of the checkpoint, where
+//! large tensors read as zeros that cost no memory: every name, shape and dtype is checked then,
+//! the layer's decoding-state shape is taken, and the tensors it reads are recorded, so the
+//! store later reads exactly those. At run time the store builds the block again from a view
+//! whose recorded tensors are served from its read buffers (weights view them, no copy).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use strata_formats::{BytesOwner, Checkpoint, Preloaded};
+
+use crate::decoder::{Attention, Block};
+use crate::{LayerState, Result, StoreFactory};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Builds decoder block `layer` from a checkpoint (or a view of it with bytes in memory).
+pub type BlockBuilder = Arc<dyn Fn(&Checkpoint, usize) -> Result<Block> + Send + Sync>;
+
+/// A layer whose weights stream: the tensors its block reads, as recorded at load time.
+#[derive(Clone, Debug)]
+pub struct StreamedLayer {
+    pub layer: usize,
+    /// Tensor names, sorted.
+    pub tensors: Vec<String>,
+}
+
+/// Where streamed layers come from (the runtime's disk reader).
+pub trait LayerStore: Send + Sync {
+    /// Block `layer`, read and built (waiting for its read if needed). The store reads the next
+    /// streamed layers ahead meanwhile.
+    fn get(&self, layer: usize) -> std::result::Result<Arc<Block>, BoxError>;
+
+    /// Block `layer` if it is ready now, without waiting or issuing reads.
+    fn ready(&self, layer: usize) -> Option<Arc<Block>>;
+}
+
+/// Builds the store of the streamed layers, given them and the family's block builder.
+pub type LayerFactory<'a> =
+    &'a dyn Fn(Vec<StreamedLayer>, Checkpoint, BlockBuilder) -> Result<Arc<dyn LayerStore>>;
+
+/// How a family's load gets what it does not build itself.
+pub struct Loading<'a> {
+    /// The routed-expert store for the family's layout.
+    pub experts: StoreFactory<'a>,
+    /// Decoder layers to stream instead of keeping resident.
+    pub streamed: BTreeSet<usize>,
+    /// The store of streamed layers (required when `streamed` is not empty).
+    pub layers: Option<LayerFactory<'a>>,
+}
+
+impl<'a> Loading<'a> {
+    /// Everything resident.
+    pub fn resident(experts: StoreFactory<'a>) -> Loading<'a> {
+        Loading {
+            experts,
+            streamed: BTreeSet::new(),
+            layers: None,
+        }
+    }
+}
+
+/// A decoder layer, held or streamed (one per layer, so the size difference does not matter).
+#[allow(clippy::large_enum_variant)]
+pub enum Layer {
+    Resident(Block),
+    Streamed,
+}
+
+pub(crate) struct Layers {
+    pub layers: Vec<Layer>,
+    /// Each layer's decoding state.
+    pub states: Vec<LayerState>,
+    pub store: Option<Arc<dyn LayerStore>>,
+}
+
+/// The decoder layer a tensor belongs to: the number after a `layers` path segment
+/// (`model.layers.7.self_attn.q_proj.weight` -> 7).
+pub fn layer_of(name: &str) -> Option<usize> {
+    let mut parts = name.split('.');
+    while let Some(p) = parts.next() {
+        if p == "layers" {
+            return parts.next()?.parse().ok();
+        }
+    }
+    None
+}
+
+pub(crate) fn state_of(block: &Block) -> LayerState {
+    match &block.attn {
+        Attention::Gqa(a) => a.state(),
+        Attention::Mla(a) => a.state(),
+        Attention::Kda(a) => a.state(),
+    }
+}
+
+/// Builds the resident layers, checks and records the streamed ones and hands those to the
+/// loading's layer store.
+pub(crate) fn build_layers(
+    ckpt: &Checkpoint,
+    n_layers: usize,
+    loading: &Loading<'_>,
+    builder: BlockBuilder,
+) -> Result<Layers> {
+    let mut by_layer: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+    if !loading.streamed.is_empty() {
+        for name in ckpt.tensor_names() {
+            if let Some(l) = layer_of(name).filter(|l| loading.streamed.contains(l)) {
+                by_layer.entry(l).or_default().push(name.to_string());
+            }
+        }
+    }
+    let mut layers = Vec::with_capacity(n_layers);
+    let mut states = Vec::with_capacity(n_layers);
+    let mut streamed = Vec::new();
+    for l in 0..n_layers {
+        let _span = tracing::debug_span!("build layer", l).entered();
+        if loading.streamed.contains(&l) {
+            let dry = Arc::new(Dry::new(ckpt, by_layer.remove(&l).unwrap_or_default()));
+            let owner: BytesOwner = dry.clone();
+            let block = builder(&ckpt.with_preloaded(dry.clone(), owner), l)?;
+            states.push(state_of(&block));
+            drop(block);
+            streamed.push(StreamedLayer {
+                layer: l,
+                tensors: dry.asked(),
+            });
+            layers.push(Layer::Streamed);
+        } else {
+            let block = builder(ckpt, l)?;
+            states.push(state_of(&block));
+            layers.push(Layer::Resident(block));
+        }
+    }
+    let store = if streamed.is_empty() {
+        None
+    } else {
+        let factory = loading.layers.ok_or_else(|| crate::ModelError::Spine {
+            layer: streamed[0].layer,
+            cause: "no layer store to stream it from".into(),
+        })?;
+        Some(factory(streamed, ckpt.clone(), builder)?)
+    };
+    Ok(Layers {
+        layers,
+        states,
+        store,
+    })
+}
+
+/// Tensors at most this large are read for real in a dry build (norms, biases, shape tensors:
+/// their values may be checked); larger ones read as zeros.
+const DRY_REAL_BYTES: u64 = 64 << 10;
+
+/// A small tensor's bytes, read on first use (`None`: the read failed).
+type SmallBytes = OnceLock<Option<Vec<u8>>>;
+
+/// A dry view's bytes: small tensors as they are on disk (read when first asked), large ones as
+/// zeros from one untouched zeroed allocation (no memory until read), and a record of every
+/// tensor asked for.
+struct Dry {
+    /// name -> (length, its bytes once read: small tensors only)
+    tensors: HashMap<String, (u64, SmallBytes)>,
+    ckpt: Checkpoint,
+    zeros: Vec<u8>,
+    asked: Mutex<BTreeSet<String>>,
+}
+
+impl Dry {
+    fn new(ckpt: &Checkpoint, names: Vec<String>) -> Dry {
+        let mut largest = 0;
+        let tensors = names
+            .into_iter()
+            .filter_map(|n| {
+                let len = ckpt.entry(&n).ok()?.info.len;
+                if len > DRY_REAL_BYTES {
+                    largest = largest.max(len as usize);
+                }
+                Some((n, (len, OnceLock::new())))
+            })
+            .collect();
+        Dry {
+            tensors,
+            ckpt: ckpt.clone(),
+            // calloc: pages of a large zeroed allocation are only mapped when touched.
+            zeros: vec![0u8; largest],
+            asked: Mutex::new(BTreeSet::new()),
+        }
+    }
+
+    fn asked(&self) -> Vec<String> {
+        self.asked.lock().expect("dry lock").iter().cloned().collect()
+    }
+}
+
+// SAFETY: the bytes live in `self` (never changed after they are first set), which the owner
+// passed with them keeps alive.
+unsafe impl Preloaded for Dry {
+    fn bytes(&self, name: &str) -> Option<&[u8]> {
+        let (len, real) = self.tensors.get(name)?;
+        self.asked.lock().expect("dry lock").insert(name.to_string());
+        if *len > DRY_REAL_BYTES {
+            return Some(&self.zeros[..*len as usize]);
+        }
+        // A failed read serves nothing: the caller then reads the file and reports the error.
+        real.get_or_init(|| self.ckpt.read_bytes(name).ok()).as_deref()
+    }
+}
