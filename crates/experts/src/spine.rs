@@ -147,10 +147,12 @@ impl SpineStore {
             .map(|p| p.runs.iter().map(|r| r.len as usize + 2 * ALIGN).sum::<usize>())
             .max()
             .unwrap_or(0);
-        let mode = if io == IoMode::Mmap {
-            IoMode::Mmap
+        // `--io mmap` is the baseline of an engine computing on a mapping: each layer is paged in
+        // when it is needed, by one thread, nothing read ahead.
+        let (mode, ahead, threads) = if io == IoMode::Mmap {
+            (IoMode::Mmap, 0, 1)
         } else {
-            IoMode::Direct
+            (IoMode::Direct, ahead, SPINE_THREADS)
         };
         let mut files = Vec::with_capacity(ckpt.n_shards());
         for s in 0..ckpt.n_shards() {
@@ -178,7 +180,7 @@ impl SpineStore {
             }),
             stats,
         });
-        let workers = (0..SPINE_THREADS)
+        let workers = (0..threads)
             .map(|i| {
                 let shared = shared.clone();
                 std::thread::Builder::new()
@@ -193,6 +195,17 @@ impl SpineStore {
     /// Bytes one pass over every streamed layer reads.
     pub fn bytes_per_pass(&self) -> u64 {
         self.shared.plans.values().map(|p| p.bytes).sum()
+    }
+
+    /// Waits until no layer read is in flight (so a measurement of the disk does not share it
+    /// with reads ahead).
+    pub fn wait_idle(&self) {
+        let reads: Vec<Arc<LayerRead>> = (self.shared.slots.lock().expect("slots lock").values())
+            .cloned()
+            .collect();
+        for r in reads {
+            let _ = r.wait();
+        }
     }
 
     /// The streamed layers, in model order.

@@ -31,7 +31,8 @@ pub struct BenchArgs {
     raw_samples: usize,
     /// Experts read to measure the disk again after every token (outside the token's time), so
     /// each token's reads compare with what the disk gave right around them; 0: only before and
-    /// after the decode. A VM's disk can swing 3x within seconds.
+    /// after the decode. A VM's disk can swing 3x within seconds. Off when layers stream (their
+    /// reads run ahead across tokens).
     #[arg(long, default_value_t = 16, value_name = "N")]
     raw_probe: usize,
     /// Print the figures as one JSON object on the last line of stdout (after the text).
@@ -73,6 +74,9 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         Ok(bytes as f64 / s)
     };
     let raw_before = raw()?;
+    // Streamed layers are read ahead across token boundaries: a probe between tokens would share
+    // the disk with those reads, and the reads it waited for would leave the token's time.
+    let raw_probe = if engine.spine.is_some() { 0 } else { args.raw_probe };
 
     let vocab = engine.model.info().vocab_size as u32;
     let prompt: Vec<u32> = (1..=args.prompt_len as u32).map(|i| i % vocab).collect();
@@ -104,7 +108,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     engine.generate(std::slice::from_ref(&request), |_, e| {
         if let GenEvent::Token { .. } = e {
             let end = mark();
-            let probe = (args.raw_probe > 0).then(|| match store.raw_read_bandwidth(args.raw_probe) {
+            let probe = (raw_probe > 0).then(|| match store.raw_read_bandwidth(raw_probe) {
                 Ok((bytes, s)) => bytes as f64 / s,
                 Err(e) => {
                     probe_error.get_or_insert(e);
@@ -121,6 +125,9 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     }
     if marks.len() < 2 {
         bail!("--tokens must be at least 2 to time decoding");
+    }
+    if let Some(spine) = &engine.spine {
+        spine.wait_idle();
     }
     let raw_after = raw()?;
     let prefill_s = (marks[0].0.at - t0).as_secs_f64();
@@ -190,8 +197,8 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         raw_before / 1e9,
         raw_after / 1e9,
         args.raw_samples,
-        if args.raw_probe > 0 {
-            format!("between tokens ({} experts each): \"disk GB/s\" below", args.raw_probe)
+        if raw_probe > 0 {
+            format!("between tokens ({raw_probe} experts each): \"disk GB/s\" below")
         } else {
             "each token compared with their mean".to_string()
         }
