@@ -120,3 +120,30 @@ fn prefetch_alone_means_on_and_other_values_are_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("maybe") && err.contains("on"), "{err}");
 }
+
+#[test]
+fn bench_counts_streamed_layers_reads() {
+    let model = fixture("kimi-linear-tiny");
+    let model = model.to_str().unwrap();
+    let plan = common::strata_json(&["inspect", "-m", model, "--json", "--spine", "stream"]);
+    let per_pass = plan["memory"]["streamed_bytes_per_token"].as_f64().unwrap();
+    let (text, j) = bench(&["-m", model, "--tokens", "4", "--spine", "stream", "--json"]);
+    assert!(text.contains("streamed layers"), "{text}");
+    assert_eq!(j["streamed_layers"].as_u64(), plan["layers"].as_u64());
+    // Every token reads every streamed layer once; the reads run two layers ahead across token
+    // boundaries, so the timed tokens' total is off by at most the two layers in flight at
+    // either end.
+    let spine = num(&j, "spine_bytes_per_token");
+    let timed = num(&j, "timed_tokens");
+    let largest = (plan["layer_bytes"].as_array().unwrap().iter())
+        .map(|b| b.as_f64().unwrap())
+        .fold(0.0, f64::max);
+    assert!(
+        (spine * timed - per_pass * timed).abs() <= 2.0 * largest,
+        "{spine} bytes of layers per token over {timed} tokens, {per_pass} per pass"
+    );
+    assert!(num(&j, "bytes_read_per_token") >= spine);
+    let (_, resident) = bench(&["-m", model, "--tokens", "4", "--json"]);
+    assert_eq!(resident["streamed_layers"].as_u64(), Some(0));
+    assert_eq!(num(&resident, "spine_bytes_per_token"), 0.0);
+}
