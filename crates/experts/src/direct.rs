@@ -42,6 +42,25 @@ impl AlignedBuf {
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 
+    /// A zeroed buffer of at least `len` bytes, all of them readable (`as_slice` is the whole
+    /// capacity) and in memory (written once).
+    pub fn zeroed(len: usize) -> AlignedBuf {
+        let size = len.div_ceil(ALIGN).max(1) * ALIGN;
+        let layout = Layout::from_size_align(size, ALIGN).expect("aligned layout");
+        // SAFETY: layout has non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        let mut buf = AlignedBuf {
+            ptr,
+            len: size,
+            layout,
+        };
+        buf.touch();
+        buf
+    }
+
     /// Writes every page once, so later reads into the buffer find its memory in place.
     pub fn touch(&mut self) {
         for page in self.as_mut_full().chunks_mut(ALIGN) {
@@ -241,6 +260,24 @@ impl DirectFile {
     /// reader that keeps its buffer pays for fresh pages once, not at every read. Returns where
     /// the range starts in `buf`.
     pub fn read_range_into(&self, offset: u64, len: usize, buf: &mut AlignedBuf) -> std::io::Result<usize> {
+        let want = Self::span(offset, len);
+        if buf.capacity() < want {
+            *buf = AlignedBuf::new(want);
+        }
+        let skip = self.read_into_slice(offset, len, &mut buf.as_mut_full()[..want])?;
+        buf.len = skip + len;
+        Ok(skip)
+    }
+
+    /// Bytes a read of `len` bytes at `offset` occupies in an aligned buffer (from the aligned
+    /// start before `offset` to the aligned end after it).
+    pub fn span(offset: u64, len: usize) -> usize {
+        ((offset % ALIGN as u64) as usize + len).div_ceil(ALIGN) * ALIGN
+    }
+
+    /// Like [`DirectFile::read_range_into`], into `dst`, which starts at an [`ALIGN`] boundary and
+    /// holds at least [`DirectFile::span`] bytes. Returns where the range starts in `dst`.
+    pub fn read_into_slice(&self, offset: u64, len: usize, dst: &mut [u8]) -> std::io::Result<usize> {
         if let Some(map) = &self.map {
             let end = offset as usize + len;
             if end > map.len
@@ -253,30 +290,22 @@ impl DirectFile {
                     format!("the {len}-byte range at offset {offset} is past the end of the file (truncated or replaced?)"),
                 ));
             }
-            if buf.capacity() < len {
-                *buf = AlignedBuf::new(len);
-            }
-            buf.len = len;
+            assert!(dst.len() >= len, "a {len}-byte read into {} bytes", dst.len());
             // SAFETY: [offset, end) lies inside the mapping (checked above); the copy faults the
             // pages in, which is what this mode exists to measure.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    map.ptr.add(offset as usize),
-                    buf.as_mut_full().as_mut_ptr(),
-                    len,
-                )
-            };
+            unsafe { std::ptr::copy_nonoverlapping(map.ptr.add(offset as usize), dst.as_mut_ptr(), len) };
             return Ok(0);
         }
         let start = offset / ALIGN as u64 * ALIGN as u64;
         let skip = (offset - start) as usize;
-        let want = (skip + len).div_ceil(ALIGN) * ALIGN;
-        if buf.capacity() < want {
-            *buf = AlignedBuf::new(want);
-        }
+        let want = Self::span(offset, len);
+        assert!(
+            (dst.as_ptr() as usize).is_multiple_of(ALIGN) && dst.len() >= want,
+            "a direct read needs an aligned destination of {want} bytes"
+        );
         let mut done = 0;
         while done < skip + len {
-            let dst = &mut buf.as_mut_full()[done..want];
+            let dst = &mut dst[done..want];
             let n = match self.file.read_at(dst, start + done as u64) {
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -295,7 +324,6 @@ impl DirectFile {
             // A short direct read ends at EOF on a non-aligned length; the loop above then reports
             // it if the range is not covered.
         }
-        buf.len = skip + len;
         Ok(skip)
     }
 }

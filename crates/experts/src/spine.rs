@@ -3,8 +3,11 @@
 //! the one computing, and dropped after use (their read buffers go back to a pool).
 //!
 //! Each layer's tensors (as its block's dry build recorded them) are resolved at load time into
-//! the fewest contiguous reads; the reads of one layer are spread over the reader threads, and the
-//! thread that completes a layer's last read builds its block, whose weights view the buffers.
+//! the fewest contiguous reads and a place for each in one aligned arena; the reads of one layer
+//! are spread over the reader threads, and the thread that completes a layer's last read builds
+//! its block, whose weights view the arena. Arenas (each the size of the largest layer, its pages
+//! faulted in once when allocated) are recycled: after the first pass no read waits for fresh
+//! pages, and memory stays at a fixed number of arenas.
 //! `get(l)` keeps layer `l` and the next [`SpineStore::ahead`] streamed layers (in model order,
 //! wrapping to the next token's first) read or in flight, and lets go of the rest.
 
@@ -15,8 +18,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use strata_formats::{BytesOwner, Checkpoint, Preloaded};
 use strata_models::{Block, BlockBuilder, LayerStore, StreamedLayer};
 
-use crate::cached::pool::BufferPool;
-use crate::direct::{AlignedBuf, DirectFile, IoMode, ALIGN};
+use crate::direct::{AlignedBuf, DirectFile, IoMode};
 use crate::jobs::Jobs;
 use crate::plan::{coalesce, ReadRun};
 use crate::StoreStats;
@@ -36,13 +38,56 @@ pub const DEFAULT_AHEAD: usize = 2;
 struct LayerPlan {
     tensors: Vec<String>,
     runs: Vec<ReadRun>,
+    /// Where each run's aligned span starts in the arena, and where the last one ends.
+    places: Vec<usize>,
+    arena_bytes: usize,
     bytes: u64,
 }
 
-/// One layer's read: its buffers as they land, then the block (or what went wrong).
+/// One layer's worth of aligned read buffer, its pages in memory (zeroed when allocated: a
+/// direct read into pages not yet faulted in has the kernel pin them one by one, 3-4x slower).
+struct Arena {
+    buf: AlignedBuf,
+}
+
+/// Arenas no layer uses, for the next reads.
+struct Arenas {
+    free: Mutex<Vec<Arena>>,
+    len: usize,
+}
+
+impl Arenas {
+    fn take(&self) -> Arena {
+        self.free
+            .lock()
+            .expect("arena lock")
+            .pop()
+            .unwrap_or_else(|| Arena {
+                buf: AlignedBuf::zeroed(self.len),
+            })
+    }
+
+    fn give(&self, arena: Arena) {
+        self.free.lock().expect("arena lock").push(arena);
+    }
+}
+
+/// The start of a layer's arena, for the reader threads that fill disjoint parts of it.
+struct ArenaPtr(*mut u8);
+
+// SAFETY: each reader writes only its own run's span of the arena (disjoint by construction),
+// and nothing reads the arena until every write has completed.
+unsafe impl Send for ArenaPtr {}
+// SAFETY: as above.
+unsafe impl Sync for ArenaPtr {}
+
+/// One layer's read: its arena and where each run landed in it, then the block (or what went
+/// wrong).
 struct LayerRead {
     layer: usize,
-    buffers: Mutex<Vec<Option<(AlignedBuf, usize)>>>,
+    arena: Mutex<Option<Arena>>,
+    base: ArenaPtr,
+    skips: Mutex<Vec<usize>>,
     remaining: AtomicUsize,
     error: Mutex<Option<String>>,
     result: Mutex<Option<Result<Arc<Block>, String>>>,
@@ -66,29 +111,27 @@ impl LayerRead {
     }
 }
 
-/// A layer's read buffers with where each tensor lies in them: the bytes its block views.
+/// A layer's arena with where each tensor lies in it: the bytes its block views.
 struct LayerBytes {
-    buffers: Vec<AlignedBuf>,
-    skips: Vec<usize>,
-    /// name -> (buffer, offset after the skip, length)
-    pieces: HashMap<String, (usize, usize, usize)>,
-    pool: Arc<BufferPool>,
+    arena: Option<Arena>,
+    /// name -> (offset, length)
+    pieces: HashMap<String, (usize, usize)>,
+    arenas: Arc<Arenas>,
 }
 
-// SAFETY: the buffers are owned here, never written after the reads that filled them, and go
-// back to the pool only when this (the owner every viewing weight holds) is dropped.
+// SAFETY: the arena is owned here, never written after the reads that filled it, and goes back
+// to the free list only when this (the owner every viewing weight holds) is dropped.
 unsafe impl Preloaded for LayerBytes {
     fn bytes(&self, name: &str) -> Option<&[u8]> {
-        let &(b, off, len) = self.pieces.get(name)?;
-        let start = self.skips[b] + off;
-        Some(&self.buffers[b].as_slice()[start..start + len])
+        let &(off, len) = self.pieces.get(name)?;
+        Some(&self.arena.as_ref()?.buf.as_slice()[off..off + len])
     }
 }
 
 impl Drop for LayerBytes {
     fn drop(&mut self) {
-        for b in self.buffers.drain(..) {
-            self.pool.give(b);
+        if let Some(arena) = self.arena.take() {
+            self.arenas.give(arena);
         }
     }
 }
@@ -104,7 +147,7 @@ struct Shared {
     /// Layers read or in flight.
     slots: Mutex<HashMap<usize, Arc<LayerRead>>>,
     jobs: Jobs<(Arc<LayerRead>, usize)>,
-    pool: Arc<BufferPool>,
+    arenas: Arc<Arenas>,
     stats: Arc<StoreStats>,
 }
 
@@ -134,19 +177,24 @@ impl SpineStore {
                 located.push((e.shard, e.info.offset, e.info.len, i));
             }
             let runs = coalesce(located, MAX_RUN);
+            let mut places = Vec::with_capacity(runs.len());
+            let mut end = 0;
+            for r in &runs {
+                places.push(end);
+                end += DirectFile::span(r.offset, r.len as usize);
+            }
             plans.insert(
                 l.layer,
                 LayerPlan {
                     tensors: l.tensors.clone(),
                     runs,
+                    places,
+                    arena_bytes: end,
                     bytes,
                 },
             );
         }
-        let largest = (plans.values())
-            .map(|p| p.runs.iter().map(|r| r.len as usize + 2 * ALIGN).sum::<usize>())
-            .max()
-            .unwrap_or(0);
+        let arena_len = plans.values().map(|p| p.arena_bytes).max().unwrap_or(0);
         // `--io mmap` is the baseline of an engine computing on a mapping: each layer is paged in
         // when it is needed, by one thread, nothing read ahead.
         let (mode, ahead, threads) = if io == IoMode::Mmap {
@@ -173,10 +221,9 @@ impl SpineStore {
             ahead,
             slots: Mutex::new(HashMap::new()),
             jobs: Jobs::new(),
-            pool: Arc::new(BufferPool {
-                free: Mutex::new((Vec::new(), 0)),
-                // One layer's worth: what the layer just used hands to the next read.
-                max_bytes: largest,
+            arenas: Arc::new(Arenas {
+                free: Mutex::new(Vec::new()),
+                len: arena_len,
             }),
             stats,
         });
@@ -255,36 +302,37 @@ impl Shared {
         self.ckpt
             .ensure(run.shard, run.offset, run.len)
             .map_err(|e| format!("{}: {e}", what()))?;
-        let mut buf = self.pool.take(run.len as usize + 2 * ALIGN);
+        let plan = &self.plans[&read.layer];
+        let span = DirectFile::span(run.offset, run.len as usize);
+        // SAFETY: the run's span lies inside the arena (sized for the largest layer's spans) and
+        // no other run's span overlaps it; the arena lives in `read` until every run has landed.
+        let dst = unsafe { std::slice::from_raw_parts_mut(read.base.0.add(plan.places[i]), span) };
         self.stats.read_started();
-        let skip = file.read_range_into(run.offset, run.len as usize, &mut buf);
+        let skip = file.read_into_slice(run.offset, run.len as usize, dst);
         self.stats.read_finished();
         let skip = skip.map_err(|e| format!("{}: {e}", what()))?;
         self.stats.bytes_read.fetch_add(run.len, Ordering::Relaxed);
         self.stats.spine_bytes.fetch_add(run.len, Ordering::Relaxed);
-        read.buffers.lock().expect("layer lock")[i] = Some((buf, skip));
+        read.skips.lock().expect("layer lock")[i] = skip;
         Ok(())
     }
 
     /// The block of a layer whose reads have all landed.
     fn assemble(&self, read: &LayerRead) -> Result<Arc<Block>, String> {
         let plan = &self.plans[&read.layer];
-        let (buffers, skips): (Vec<AlignedBuf>, Vec<usize>) =
-            std::mem::take(&mut *read.buffers.lock().expect("layer lock"))
-                .into_iter()
-                .map(|b| b.expect("every run read"))
-                .unzip();
+        let skips = read.skips.lock().expect("layer lock").clone();
         let mut pieces = HashMap::with_capacity(plan.tensors.len());
-        for (b, run) in plan.runs.iter().enumerate() {
+        for (r, run) in plan.runs.iter().enumerate() {
             for &(t, off, len) in &run.pieces {
-                pieces.insert(plan.tensors[t].clone(), (b, off as usize, len as usize));
+                let at = plan.places[r] + skips[r] + off as usize;
+                pieces.insert(plan.tensors[t].clone(), (at, len as usize));
             }
         }
+        let arena = read.arena.lock().expect("layer lock").take();
         let bytes = Arc::new(LayerBytes {
-            buffers,
-            skips,
+            arena,
             pieces,
-            pool: self.pool.clone(),
+            arenas: self.arenas.clone(),
         });
         let owner: BytesOwner = bytes.clone();
         let view = self.ckpt.with_preloaded(bytes, owner);
@@ -304,9 +352,12 @@ impl Shared {
             return r.clone();
         }
         let n = self.plans[&layer].runs.len();
+        let mut arena = self.arenas.take();
         let read = Arc::new(LayerRead {
             layer,
-            buffers: Mutex::new((0..n).map(|_| None).collect()),
+            base: ArenaPtr(arena.buf.as_mut_ptr()),
+            arena: Mutex::new(Some(arena)),
+            skips: Mutex::new(vec![0; n]),
             remaining: AtomicUsize::new(n),
             error: Mutex::new(None),
             result: Mutex::new(None),
@@ -329,15 +380,16 @@ impl LayerStore for SpineStore {
             return Err(format!("layer {layer} is not a streamed layer").into());
         };
         let read = {
-            let mut slots = s.slots.lock().expect("slots lock");
-            let read = s.request(&mut slots, layer, true);
             let wanted: Vec<usize> = (0..=s.ahead.min(s.order.len() - 1))
                 .map(|i| s.order[(pos + i) % s.order.len()])
                 .collect();
+            let mut slots = s.slots.lock().expect("slots lock");
+            // Let go first: the arenas of layers no longer wanted serve the new reads.
+            slots.retain(|l, _| wanted.contains(l));
+            let read = s.request(&mut slots, layer, true);
             for &l in &wanted[1..] {
                 s.request(&mut slots, l, false);
             }
-            slots.retain(|l, _| wanted.contains(l));
             read
         };
         let t0 = std::time::Instant::now();
