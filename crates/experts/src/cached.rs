@@ -217,6 +217,7 @@ impl CachedStore {
             pool: Arc::new(BufferPool {
                 free: Mutex::new((Vec::new(), 0)),
                 max_bytes: DEFAULT_IO_THREADS * largest,
+                fresh_bytes: Default::default(),
             }),
             prefetch: prefetch && io != IoMode::Mmap,
             demand_paging: io == IoMode::Mmap,
@@ -265,6 +266,12 @@ impl CachedStore {
     pub fn layer_stats(&self) -> Vec<(usize, u64, u64)> {
         let stats = self.shared.layer_stats.lock().expect("stats lock");
         stats.iter().map(|(&l, &(h, m))| (l, h, m)).collect()
+    }
+
+    /// Bytes of read buffers allocated so far because no recycled one fitted (each costs its
+    /// pages faulted in and zeroed).
+    pub fn fresh_buffer_bytes(&self) -> u64 {
+        self.shared.pool.fresh_bytes.load(Ordering::Relaxed)
     }
 
     /// Bytes of decoded experts held now.

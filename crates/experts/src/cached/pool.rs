@@ -10,6 +10,8 @@ pub(crate) struct BufferPool {
     pub(crate) free: Mutex<(Vec<AlignedBuf>, usize)>,
     /// Most bytes kept free.
     pub(crate) max_bytes: usize,
+    /// Bytes of buffers allocated (and faulted in) because none free fitted.
+    pub(crate) fresh_bytes: std::sync::atomic::AtomicU64,
 }
 
 impl BufferPool {
@@ -32,6 +34,8 @@ impl BufferPool {
                 // by one inside it (3-4x slower reads until the cache has filled once).
                 let mut buf = AlignedBuf::new(len);
                 buf.touch();
+                self.fresh_bytes
+                    .fetch_add(buf.capacity() as u64, std::sync::atomic::Ordering::Relaxed);
                 buf
             }
         }
