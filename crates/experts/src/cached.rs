@@ -280,13 +280,14 @@ impl CachedStore {
     }
 
     /// The disk's own bound for this access pattern: reads the byte runs of `samples` experts
-    /// (spread over every MoE layer) with the same direct reads and parallelism as the pool,
-    /// without decoding. Returns (bytes, seconds).
-    pub fn raw_read_bandwidth(&self, samples: usize) -> std::io::Result<(u64, f64)> {
+    /// (spread over every MoE layer, drawn with `seed`) with the same direct reads and
+    /// parallelism as the pool, without decoding. Returns (bytes, seconds). Vary the seed from
+    /// call to call: bytes read again may come from a cache below the file system (a VM host's).
+    pub fn raw_read_bandwidth(&self, samples: usize, seed: u64) -> std::io::Result<(u64, f64)> {
         let s = &self.shared;
         let mut keys: Vec<Key> = s.plans.keys().copied().collect();
         keys.sort();
-        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut state = 0x2545_F491_4F6C_DD1Du64 ^ seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
         let mut pick = Vec::with_capacity(samples);
         for _ in 0..samples.min(keys.len()) {
             state ^= state << 13;

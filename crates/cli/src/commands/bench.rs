@@ -22,9 +22,15 @@ pub struct BenchArgs {
     /// Tokens to decode (after a prompt of --prompt-len tokens).
     #[arg(long, default_value_t = 8)]
     tokens: usize,
-    /// Prompt length (token ids 1..=N).
+    /// Prompt length (token ids drawn with --seed).
     #[arg(long, default_value_t = 4)]
     prompt_len: usize,
+    /// Seed of the prompt's token ids, of the sampled tokens (temperature 1) and of the experts
+    /// the disk probes read. Default: a new
+    /// one each run (printed), so a run reads experts the last one did not: bytes read again
+    /// can come from a cache below the file system (a VM host's) and flatter both figures.
+    #[arg(long)]
+    seed: Option<u64>,
     /// Experts read (not decoded) to measure the disk's direct-read bandwidth, before the decode
     /// and again after it.
     #[arg(long, default_value_t = 64)]
@@ -69,8 +75,17 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     };
     // The disk's own rate, before the decode and again after it (a VM's disk drifts): the bound
     // is their mean.
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    });
+    // Each probe reads experts of its own.
+    let probes = std::sync::atomic::AtomicU64::new(0);
+    let probe_seed =
+        || seed ^ (probes.fetch_add(1, Ordering::Relaxed) + 1).wrapping_mul(0xA24B_AED4_963E_E407);
     let raw = || -> Result<f64> {
-        let (bytes, s) = store.raw_read_bandwidth(args.raw_samples)?;
+        let (bytes, s) = store.raw_read_bandwidth(args.raw_samples, probe_seed())?;
         Ok(bytes as f64 / s)
     };
     let raw_before = raw()?;
@@ -79,11 +94,20 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     let raw_probe = if engine.spine.is_some() { 0 } else { args.raw_probe };
 
     let vocab = engine.model.info().vocab_size as u32;
-    let prompt: Vec<u32> = (1..=args.prompt_len as u32).map(|i| i % vocab).collect();
+    let mut rng = strata_runtime::Rng::new(seed);
+    let prompt: Vec<u32> = (0..args.prompt_len)
+        .map(|_| 1 + (rng.next_u64() % (vocab as u64 - 1).max(1)) as u32)
+        .collect();
     let request = Request {
         prompt,
         max_new_tokens: args.tokens,
-        sampling: SamplingParams::default(),
+        // Sampled, not greedy: greedy decoding of random weights falls into the same few tokens
+        // whatever the prompt, and so reads the same experts run after run.
+        sampling: SamplingParams {
+            temperature: 1.0,
+            seed,
+            ..SamplingParams::default()
+        },
         stop: vec![],
         ignore_eos: true,
     };
@@ -108,7 +132,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     engine.generate(std::slice::from_ref(&request), |_, e| {
         if let GenEvent::Token { .. } = e {
             let end = mark();
-            let probe = (raw_probe > 0).then(|| match store.raw_read_bandwidth(raw_probe) {
+            let probe = (raw_probe > 0).then(|| match store.raw_read_bandwidth(raw_probe, probe_seed()) {
                 Ok((bytes, s)) => bytes as f64 / s,
                 Err(e) => {
                     probe_error.get_or_insert(e);
@@ -187,7 +211,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         .iter()
         .map(|&(l, h, m)| serde_json::json!({"layer": l, "hits": h, "misses": m}))
         .collect();
-    println!("model                 {}", args.model.describe());
+    println!("model                 {} (seed {seed})", args.model.describe());
     println!(
         "load                  {load_s:.2} s; expert cache {:.2} GiB",
         store.budget() as f64 / (1u64 << 30) as f64
@@ -322,6 +346,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         });
         let more = serde_json::json!({
             "model": args.model.describe(),
+            "seed": seed,
             "load_s": load_s,
             "expert_cache_bytes": store.budget(),
             "fresh_read_buffer_bytes": store.fresh_buffer_bytes(),
