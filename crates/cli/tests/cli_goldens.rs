@@ -351,8 +351,35 @@ fn a_mem_below_the_non_expert_weights_streams_some_layers() {
             "{refused}"
         );
 
+        // A tighter budget reads fewer layers ahead: each layer ahead needs a buffer the size of
+        // the largest streamed layer, and two are the least (the one computing, one recycled).
+        let largest = *layers.iter().max().unwrap();
+        let base = num(&m["resident"]) + num(&m["state_reserve"]) + num(&m["buffers"]) + min_cache;
+        for ahead in 0..=2u64 {
+            let tight = (base + (ahead + 2) * largest).to_string();
+            let plan = strata(&[
+                "inspect", "--model", dir, "--json", "--mem", &tight, "--spine", "stream",
+            ]);
+            assert_eq!(
+                plan["memory"]["spine_ahead"].as_u64(),
+                Some(ahead),
+                "{name}: --mem {tight}"
+            );
+            assert_eq!(num(&plan["memory"]["spine_buffers"]), (ahead + 2) * largest);
+        }
+
         let ids = csv(&as_u32s(&golden(name)["prompts"][1]["ids"]));
         let cached = strata(&["logits", "--model", dir, "--ids", &ids]);
+        for ahead_budget in [0u64, 1] {
+            let tight = (base + (ahead_budget + 2) * largest).to_string();
+            let streamed = strata(&[
+                "logits", "--model", dir, "--ids", &ids, "--mem", &tight, "--spine", "stream",
+            ]);
+            assert_eq!(
+                streamed, cached,
+                "{name}: {ahead_budget} layer(s) ahead changed the logits"
+            );
+        }
         let budgeted = strata(&["logits", "--model", dir, "--ids", &ids, "--mem", &mem.to_string()]);
         assert_eq!(
             budgeted, cached,

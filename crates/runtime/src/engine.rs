@@ -12,7 +12,6 @@ use strata_models::{
 };
 use strata_tokenizer::Tokenizer;
 
-use crate::memory::SPINE_AHEAD;
 use crate::MemoryPlan;
 use crate::SamplingParams;
 
@@ -164,7 +163,8 @@ impl Engine {
             // Streamed layers' reads count with the experts' (one disk, one set of figures).
             let stats = (store_slot.borrow().as_ref()).map_or_else(Default::default, |s| s.stats.clone());
             let io = options.io;
-            let store = Arc::new(SpineStore::open(ckpt, streamed, builder, io, SPINE_AHEAD, stats)?);
+            let ahead = memory.spine_ahead;
+            let store = Arc::new(SpineStore::open(ckpt, streamed, builder, io, ahead, stats)?);
             *spine_slot.borrow_mut() = Some(store.clone());
             Ok(store)
         };

@@ -31,7 +31,7 @@ pub enum SpineMode {
     Stream,
 }
 
-/// Streamed layers read ahead of the one computing.
+/// Streamed layers read ahead of the one computing, at most (fewer when the budget is tight).
 pub const SPINE_AHEAD: usize = strata_experts::DEFAULT_AHEAD;
 
 #[derive(Clone, Debug)]
@@ -44,6 +44,8 @@ pub struct MemoryPlan {
     pub streamed: Vec<usize>,
     /// Bytes the streamed layers read per token.
     pub streamed_bytes: usize,
+    /// Streamed layers read ahead of the one computing.
+    pub spine_ahead: usize,
     /// Read buffers of streamed layers (the ones ahead, the one computing, one recycled).
     pub spine_buffers: usize,
     pub state_per_token: usize,
@@ -90,6 +92,7 @@ impl MemoryPlan {
             resident: plan.non_expert_bytes as usize,
             streamed: Vec::new(),
             streamed_bytes: 0,
+            spine_ahead: SPINE_AHEAD,
             spine_buffers: 0,
             state_per_token: plan.state_bytes_per_token,
             state_per_sequence: plan.state_bytes_per_sequence,
@@ -98,26 +101,36 @@ impl MemoryPlan {
             expert_cache: 0,
             expert_cache_set: expert_cache.is_some(),
         };
-        let stream = |p: &mut MemoryPlan, k: usize| {
+        let stream = |p: &mut MemoryPlan, k: usize, ahead: usize| {
             p.streamed = spread(&layers, k);
             p.streamed_bytes = p.streamed.iter().map(|&l| layers[l]).sum();
             let largest = p.streamed.iter().map(|&l| layers[l]).max().unwrap_or(0);
-            p.spine_buffers = (SPINE_AHEAD + 2) * largest;
+            p.spine_ahead = ahead;
+            p.spine_buffers = (ahead + 2) * largest;
             p.resident = ends + all_layers - p.streamed_bytes;
         };
         let min_cache = expert_cache.unwrap_or(2 * plan.layout.top_k * plan.bytes_per_expert() as usize);
         let fixed = |p: &MemoryPlan| p.resident + p.state_reserve() + p.buffers + p.spine_buffers;
+        let fits = |p: &MemoryPlan| fixed(p) + min_cache <= mem;
         let streamable = layers.iter().filter(|&&b| b > 0).count();
-        match spine {
-            SpineMode::Resident => {}
-            SpineMode::Stream => stream(&mut p, streamable),
-            SpineMode::Auto => {
-                let mut k = 0;
-                while fixed(&p) + min_cache > mem && k < streamable {
-                    k += 1;
-                    stream(&mut p, k);
+        // Streamed layers, fewest first; for each number, reading as far ahead as fits (fewer
+        // layers ahead need fewer buffers but hide less of the reads).
+        let stream_fitting = |p: &mut MemoryPlan, counts: std::ops::RangeInclusive<usize>| {
+            for k in counts {
+                for ahead in (0..=SPINE_AHEAD).rev() {
+                    stream(p, k, ahead);
+                    if fits(p) {
+                        return;
+                    }
                 }
             }
+            stream(p, streamable, SPINE_AHEAD);
+        };
+        match spine {
+            SpineMode::Resident => {}
+            SpineMode::Stream => stream_fitting(&mut p, streamable..=streamable),
+            SpineMode::Auto if !fits(&p) => stream_fitting(&mut p, 1..=streamable),
+            SpineMode::Auto => {}
         }
         p.expert_cache = match expert_cache {
             Some(bytes) => bytes,

@@ -101,6 +101,7 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
             "memory": memory.as_ref().ok().map(|m| serde_json::json!({
                 "mem": m.mem, "resident": m.resident, "streamed_layers": m.streamed,
                 "streamed_bytes_per_token": m.streamed_bytes, "spine_buffers": m.spine_buffers,
+                "spine_ahead": m.spine_ahead,
                 "state_bytes_per_token": m.state_per_token,
                 "state_bytes_per_sequence": m.state_per_sequence,
                 "state_reserve_tokens": m.state_reserve_tokens, "state_reserve": m.state_reserve(),
@@ -171,7 +172,11 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
                     human_bytes(m.streamed_bytes as u64),
                     m.streamed_bytes as f64 / 1e9
                 );
-                println!("  layer buffers  {}", human_bytes(m.spine_buffers as u64));
+                println!(
+                    "  layer buffers  {} (reading {} layer(s) ahead)",
+                    human_bytes(m.spine_buffers as u64),
+                    m.spine_ahead
+                );
             }
             println!(
                 "  state          {} per token + {} per sequence; {} reserved for {} tokens",
