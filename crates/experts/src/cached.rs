@@ -19,11 +19,11 @@ use strata_models::{Expert, ExpertLayout, ExpertStore};
 use crate::direct::{AlignedBuf, DirectFile, IoMode};
 use strata_kernels::Owner;
 
-use crate::jobs::Jobs;
+use crate::jobs::{spawn_readers, stop_readers, Jobs};
 use crate::plan::ExpertPlan;
 
 mod demand;
-pub(crate) mod pool;
+mod pool;
 mod stats;
 mod uring;
 use pool::{BufferPool, PooledBuffers};
@@ -236,15 +236,8 @@ impl CachedStore {
                 .spawn(move || shared.uring_worker(ring))
                 .expect("spawning the io_uring thread")]
         } else {
-            (0..DEFAULT_IO_THREADS)
-                .map(|i| {
-                    let shared = shared.clone();
-                    std::thread::Builder::new()
-                        .name(format!("strata-io-{i}"))
-                        .spawn(move || shared.worker())
-                        .expect("spawning a reader thread")
-                })
-                .collect()
+            let shared = shared.clone();
+            spawn_readers("strata-io", DEFAULT_IO_THREADS, move || shared.worker())
         };
         Ok(CachedStore {
             stats: shared.stats.clone(),
@@ -344,10 +337,7 @@ impl CachedStore {
 
 impl Drop for CachedStore {
     fn drop(&mut self) {
-        self.shared.jobs.close();
-        for w in self.workers.drain(..) {
-            let _ = w.join();
-        }
+        stop_readers(&self.shared.jobs, &mut self.workers);
     }
 }
 

@@ -272,7 +272,13 @@ impl DirectFile {
     /// Bytes a read of `len` bytes at `offset` occupies in an aligned buffer (from the aligned
     /// start before `offset` to the aligned end after it).
     pub fn span(offset: u64, len: usize) -> usize {
-        ((offset % ALIGN as u64) as usize + len).div_ceil(ALIGN) * ALIGN
+        (Self::skip(offset) + len).div_ceil(ALIGN) * ALIGN
+    }
+
+    /// Where a direct read of a range at `offset` starts in its buffer (the aligned start before
+    /// it is read too).
+    pub fn skip(offset: u64) -> usize {
+        (offset % ALIGN as u64) as usize
     }
 
     /// Like [`DirectFile::read_range_into`], into `dst`, which starts at an [`ALIGN`] boundary and
@@ -296,8 +302,8 @@ impl DirectFile {
             unsafe { std::ptr::copy_nonoverlapping(map.ptr.add(offset as usize), dst.as_mut_ptr(), len) };
             return Ok(0);
         }
-        let start = offset / ALIGN as u64 * ALIGN as u64;
-        let skip = (offset - start) as usize;
+        let skip = Self::skip(offset);
+        let start = offset - skip as u64;
         let want = Self::span(offset, len);
         assert!(
             (dst.as_ptr() as usize).is_multiple_of(ALIGN) && dst.len() >= want,

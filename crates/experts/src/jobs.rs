@@ -1,5 +1,5 @@
 //! The queue reader threads take their work from: jobs in order, a wake-up when one arrives, and
-//! a close that tells every thread to stop.
+//! a close that tells every thread to stop; and the starting and stopping of those threads.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -55,5 +55,31 @@ impl<T> Jobs<T> {
 
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Relaxed)
+    }
+}
+
+/// Starts `n` threads named `{name}-{i}`, each running `work` (which returns when the queue it
+/// serves is closed).
+pub(crate) fn spawn_readers(
+    name: &str,
+    n: usize,
+    work: impl Fn() + Clone + Send + 'static,
+) -> Vec<std::thread::JoinHandle<()>> {
+    (0..n)
+        .map(|i| {
+            let work = work.clone();
+            std::thread::Builder::new()
+                .name(format!("{name}-{i}"))
+                .spawn(work)
+                .expect("spawning a reader thread")
+        })
+        .collect()
+}
+
+/// Closes `jobs` and waits for the threads that serve it.
+pub(crate) fn stop_readers<T>(jobs: &Jobs<T>, workers: &mut Vec<std::thread::JoinHandle<()>>) {
+    jobs.close();
+    for w in workers.drain(..) {
+        let _ = w.join();
     }
 }

@@ -14,4 +14,4 @@ mod spine;
 pub use cached::{uring_available, CachedStore, Eviction, StoreStats, DEFAULT_IO_THREADS};
 pub use direct::IoMode;
 pub use plan::{ExpertPlan, ReadRun};
-pub use spine::{SpineStore, DEFAULT_AHEAD, SPINE_THREADS};
+pub use spine::{SpineStore, DEFAULT_AHEAD};

@@ -19,7 +19,7 @@ use strata_formats::{BytesOwner, Checkpoint, Preloaded};
 use strata_models::{Block, BlockBuilder, LayerStore, StreamedLayer};
 
 use crate::direct::{AlignedBuf, DirectFile, IoMode};
-use crate::jobs::Jobs;
+use crate::jobs::{spawn_readers, stop_readers, Jobs};
 use crate::plan::{coalesce, ReadRun};
 use crate::StoreStats;
 
@@ -30,18 +30,20 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 const MAX_RUN: u64 = 64 << 20;
 
 /// Reader threads for streamed layers.
-pub const SPINE_THREADS: usize = 4;
+const SPINE_THREADS: usize = 4;
 
 /// Streamed layers read ahead of the one in use, by default.
 pub const DEFAULT_AHEAD: usize = 2;
 
 struct LayerPlan {
-    tensors: Vec<String>,
     runs: Vec<ReadRun>,
     /// Where each run's aligned span starts in the arena, and where the last one ends.
     places: Vec<usize>,
     arena_bytes: usize,
-    bytes: u64,
+    /// Where each run's range starts in its span.
+    skips: Vec<usize>,
+    /// Where each tensor lies in the arena once the reads have landed: name -> (offset, length).
+    pieces: Arc<HashMap<String, (usize, usize)>>,
 }
 
 /// One layer's worth of aligned read buffer, its pages in memory (zeroed when allocated: a
@@ -87,7 +89,6 @@ struct LayerRead {
     layer: usize,
     arena: Mutex<Option<Arena>>,
     base: ArenaPtr,
-    skips: Mutex<Vec<usize>>,
     remaining: AtomicUsize,
     error: Mutex<Option<String>>,
     result: Mutex<Option<Result<Arc<Block>, String>>>,
@@ -115,7 +116,7 @@ impl LayerRead {
 struct LayerBytes {
     arena: Option<Arena>,
     /// name -> (offset, length)
-    pieces: HashMap<String, (usize, usize)>,
+    pieces: Arc<HashMap<String, (usize, usize)>>,
     arenas: Arc<Arenas>,
 }
 
@@ -167,37 +168,45 @@ impl SpineStore {
         ahead: usize,
         stats: Arc<StoreStats>,
     ) -> strata_models::Result<SpineStore> {
+        let mapped = io == IoMode::Mmap;
         let mut plans = BTreeMap::new();
         for l in &layers {
             let mut located = Vec::with_capacity(l.tensors.len());
-            let mut bytes = 0;
             for (i, name) in l.tensors.iter().enumerate() {
                 let e = ckpt.entry(name)?;
-                bytes += e.info.len;
                 located.push((e.shard, e.info.offset, e.info.len, i));
             }
             let runs = coalesce(located, MAX_RUN);
             let mut places = Vec::with_capacity(runs.len());
+            let mut skips = Vec::with_capacity(runs.len());
+            let mut pieces = HashMap::with_capacity(l.tensors.len());
             let mut end = 0;
             for r in &runs {
                 places.push(end);
+                // Where the range starts in its span: a mapping copies it to the span's start, a
+                // direct read lands the aligned block around it.
+                let skip = if mapped { 0 } else { DirectFile::skip(r.offset) };
+                skips.push(skip);
+                for &(t, off, len) in &r.pieces {
+                    pieces.insert(l.tensors[t].clone(), (end + skip + off as usize, len as usize));
+                }
                 end += DirectFile::span(r.offset, r.len as usize);
             }
             plans.insert(
                 l.layer,
                 LayerPlan {
-                    tensors: l.tensors.clone(),
                     runs,
                     places,
+                    skips,
+                    pieces: Arc::new(pieces),
                     arena_bytes: end,
-                    bytes,
                 },
             );
         }
         let arena_len = plans.values().map(|p| p.arena_bytes).max().unwrap_or(0);
         // `--io mmap` is the baseline of an engine computing on a mapping: each layer is paged in
         // when it is needed, by one thread, nothing read ahead.
-        let (mode, ahead, threads) = if io == IoMode::Mmap {
+        let (mode, ahead, threads) = if mapped {
             (IoMode::Mmap, 0, 1)
         } else {
             (IoMode::Direct, ahead, SPINE_THREADS)
@@ -227,21 +236,11 @@ impl SpineStore {
             }),
             stats,
         });
-        let workers = (0..threads)
-            .map(|i| {
-                let shared = shared.clone();
-                std::thread::Builder::new()
-                    .name(format!("strata-spine-{i}"))
-                    .spawn(move || shared.worker())
-                    .expect("spawning a reader thread")
-            })
-            .collect();
+        let workers = {
+            let shared = shared.clone();
+            spawn_readers("strata-spine", threads, move || shared.worker())
+        };
         Ok(SpineStore { shared, workers })
-    }
-
-    /// Bytes one pass over every streamed layer reads.
-    pub fn bytes_per_pass(&self) -> u64 {
-        self.shared.plans.values().map(|p| p.bytes).sum()
     }
 
     /// Waits until no layer read is in flight (so a measurement of the disk does not share it
@@ -263,10 +262,7 @@ impl SpineStore {
 
 impl Drop for SpineStore {
     fn drop(&mut self) {
-        self.shared.jobs.close();
-        for w in self.workers.drain(..) {
-            let _ = w.join();
-        }
+        stop_readers(&self.shared.jobs, &mut self.workers);
     }
 }
 
@@ -311,27 +307,25 @@ impl Shared {
         let skip = file.read_into_slice(run.offset, run.len as usize, dst);
         self.stats.read_finished();
         let skip = skip.map_err(|e| format!("{}: {e}", what()))?;
+        if skip != plan.skips[i] {
+            return Err(format!(
+                "{}: the range landed {skip} bytes into its buffer, not {} as planned",
+                what(),
+                plan.skips[i]
+            ));
+        }
         self.stats.bytes_read.fetch_add(run.len, Ordering::Relaxed);
         self.stats.spine_bytes.fetch_add(run.len, Ordering::Relaxed);
-        read.skips.lock().expect("layer lock")[i] = skip;
         Ok(())
     }
 
     /// The block of a layer whose reads have all landed.
     fn assemble(&self, read: &LayerRead) -> Result<Arc<Block>, String> {
         let plan = &self.plans[&read.layer];
-        let skips = read.skips.lock().expect("layer lock").clone();
-        let mut pieces = HashMap::with_capacity(plan.tensors.len());
-        for (r, run) in plan.runs.iter().enumerate() {
-            for &(t, off, len) in &run.pieces {
-                let at = plan.places[r] + skips[r] + off as usize;
-                pieces.insert(plan.tensors[t].clone(), (at, len as usize));
-            }
-        }
         let arena = read.arena.lock().expect("layer lock").take();
         let bytes = Arc::new(LayerBytes {
             arena,
-            pieces,
+            pieces: plan.pieces.clone(),
             arenas: self.arenas.clone(),
         });
         let owner: BytesOwner = bytes.clone();
@@ -357,7 +351,6 @@ impl Shared {
             layer,
             base: ArenaPtr(arena.buf.as_mut_ptr()),
             arena: Mutex::new(Some(arena)),
-            skips: Mutex::new(vec![0; n]),
             remaining: AtomicUsize::new(n),
             error: Mutex::new(None),
             result: Mutex::new(None),

@@ -55,17 +55,6 @@ pub struct Loading<'a> {
     pub layers: Option<LayerFactory<'a>>,
 }
 
-impl<'a> Loading<'a> {
-    /// Everything resident.
-    pub fn resident(experts: StoreFactory<'a>) -> Loading<'a> {
-        Loading {
-            experts,
-            streamed: BTreeSet::new(),
-            layers: None,
-        }
-    }
-}
-
 /// A decoder layer, held or streamed (one per layer, so the size difference does not matter).
 #[allow(clippy::large_enum_variant)]
 pub enum Layer {

@@ -6,17 +6,17 @@ use crate::direct::AlignedBuf;
 
 /// Read buffers that held experts no one uses any more, kept for the next reads: a fresh buffer
 /// would have the kernel fault in and zero every one of its pages again.
-pub(crate) struct BufferPool {
-    pub(crate) free: Mutex<(Vec<AlignedBuf>, usize)>,
+pub(super) struct BufferPool {
+    pub(super) free: Mutex<(Vec<AlignedBuf>, usize)>,
     /// Most bytes kept free.
-    pub(crate) max_bytes: usize,
+    pub(super) max_bytes: usize,
     /// Bytes of buffers allocated (and faulted in) because none free fitted.
-    pub(crate) fresh_bytes: std::sync::atomic::AtomicU64,
+    pub(super) fresh_bytes: std::sync::atomic::AtomicU64,
 }
 
 impl BufferPool {
     /// The smallest free buffer of at least `len` bytes, or a new one.
-    pub(crate) fn take(&self, len: usize) -> AlignedBuf {
+    pub(super) fn take(&self, len: usize) -> AlignedBuf {
         let mut free = self.free.lock().expect("pool lock");
         let best = (free.0.iter().enumerate())
             .filter(|(_, b)| b.capacity() >= len)
@@ -41,7 +41,7 @@ impl BufferPool {
         }
     }
 
-    pub(crate) fn give(&self, buf: AlignedBuf) {
+    pub(super) fn give(&self, buf: AlignedBuf) {
         let mut free = self.free.lock().expect("pool lock");
         if free.1 + buf.capacity() <= self.max_bytes {
             free.1 += buf.capacity();
@@ -51,9 +51,9 @@ impl BufferPool {
 }
 
 /// An expert's read buffers while its weights view them; back to the pool when dropped.
-pub(crate) struct PooledBuffers {
-    pub(crate) buffers: Vec<AlignedBuf>,
-    pub(crate) pool: Arc<BufferPool>,
+pub(super) struct PooledBuffers {
+    pub(super) buffers: Vec<AlignedBuf>,
+    pub(super) pool: Arc<BufferPool>,
 }
 
 impl Drop for PooledBuffers {
