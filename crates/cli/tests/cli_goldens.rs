@@ -15,6 +15,29 @@ fn strata(args: &[&str]) -> Value {
     common::strata_json(args)
 }
 
+/// `strata run` greedy on the golden's first generation entry (its prompt, as many new tokens as
+/// it recorded), with `extra` flags; the JSON output.
+fn greedy_run(dir: &str, g: &Value, extra: &[&str]) -> Value {
+    let entry = &g["generation"][0];
+    let n = as_u32s(&entry["new_ids"]).len().to_string();
+    let prompt = csv(&as_u32s(&entry["prompt_ids"]));
+    let args = [
+        "run",
+        "--model",
+        dir,
+        "--ids",
+        &prompt,
+        "--max-tokens",
+        &n,
+        "--temperature",
+        "0",
+        "--ignore-eos",
+        "--output",
+        "json",
+    ];
+    strata(&[&args[..], extra].concat())
+}
+
 fn csv(ids: &[u32]) -> String {
     ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",")
 }
@@ -177,22 +200,7 @@ fn a_cache_smaller_than_one_expert_changes_nothing_through_the_binary() {
         }
         let entry = &g["generation"][0];
         let want = as_u32s(&entry["new_ids"]);
-        let out = strata(&[
-            "run",
-            "--model",
-            dir,
-            "--ids",
-            &csv(&as_u32s(&entry["prompt_ids"])),
-            "--max-tokens",
-            &want.len().to_string(),
-            "--temperature",
-            "0",
-            "--ignore-eos",
-            "--output",
-            "json",
-            "--expert-cache",
-            "1K",
-        ]);
+        let out = greedy_run(dir, &g, &["--expert-cache", "1K"]);
         let p = entry["prompt_index"].as_u64().unwrap() as usize;
         let absmax = g["prompts"][p]["last_logits_absmax"].as_f64().unwrap() as f32;
         let margins = as_f32s(&entry["step_top2_margin"]);
@@ -273,27 +281,7 @@ fn streamed_layers_change_nothing_through_the_binary() {
                 "{name}: streamed layers (--io {io}) changed the logits"
             );
         }
-        let entry = &g["generation"][0];
-        let want = as_u32s(&entry["new_ids"]);
-        let run = |spine: &str| {
-            strata(&[
-                "run",
-                "--model",
-                dir,
-                "--ids",
-                &csv(&as_u32s(&entry["prompt_ids"])),
-                "--max-tokens",
-                &want.len().to_string(),
-                "--temperature",
-                "0",
-                "--ignore-eos",
-                "--output",
-                "json",
-                "--spine",
-                spine,
-            ])["token_ids"]
-                .clone()
-        };
+        let run = |spine: &str| greedy_run(dir, &g, &["--spine", spine])["token_ids"].clone();
         assert_eq!(run("stream"), run("resident"), "{name}: streamed generation");
     }
 }
