@@ -5,8 +5,8 @@
 //!
 //! Figures: GB/s of weight bytes consumed (packed data + scales), the STREAM-like read bandwidth
 //! of a buffer far larger than the caches (same thread count), and their ratio. Each matrix is
-//! copied until the copies fill `STRATA_BENCH_MIB` (default 768 MiB), and one pass multiplies
-//! through all copies, so every weight byte comes from DRAM. Best of several passes.
+//! copied until the copies fill `STRATA_BENCH_MIB` (default 768 MiB), so every weight byte comes
+//! from DRAM; the kernel and the stream read alternate in 64 MiB slices (see `interleaved`).
 //!
 //! `-- --hot`: the compute bound instead. Each shape is cut to the rows that fit 256 KiB (the L2
 //! cache) and multiplied over and over on one thread (the activation prepared once, as a large
@@ -39,36 +39,41 @@ fn budget_bytes() -> usize {
 }
 
 /// One parallel read pass over a buffer far larger than the caches (the memory bandwidth bound);
-/// returns its seconds. It prefetches as far ahead as the kernels do, so it is the best read the
-/// kernels could hope for, not a handicapped one.
+/// returns its seconds. The fastest plain read measured on this machine: 256-bit loads OR-ed into
+/// four accumulators, 256 KiB per task, no software prefetch (the hardware prefetcher alone
+/// streamed 10-14 % faster than with prefetches, and than the f32-add loop this bench used
+/// before, which the BF16 kernel outran).
 fn stream_pass(buf: &[f32]) -> f64 {
     let t = Instant::now();
-    let sink = buf
-        .par_chunks(1 << 16)
-        .map(|c| {
-            // 64 independent lanes (8 AVX registers): the adds never wait on each other, so
-            // the loop runs at the speed memory delivers.
-            let mut acc = [0f32; 64];
-            for v in c.chunks_exact(64) {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: a prefetch is a hint; it never dereferences the address.
-                unsafe {
-                    use std::arch::x86_64::*;
-                    let p = (v.as_ptr() as *const i8).wrapping_add(strata_kernels::dot::PREFETCH_AHEAD);
-                    _mm_prefetch::<_MM_HINT_T0>(p);
-                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64));
-                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(128));
-                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(192));
-                }
-                for l in 0..64 {
-                    acc[l] += v[l];
-                }
-            }
-            acc.iter().sum::<f32>()
-        })
-        .sum::<f32>();
+    let sink = buf.par_chunks(1 << 16).map(read_chunk).reduce(|| 0, |a, b| a | b);
     std::hint::black_box(sink);
     t.elapsed().as_secs_f64()
+}
+
+fn read_chunk(c: &[f32]) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: avx2 was detected.
+        return unsafe { read_chunk_avx2(c) };
+    }
+    c.iter().fold(0, |a, v| a | v.to_bits())
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn read_chunk_avx2(c: &[f32]) -> u32 {
+    use std::arch::x86_64::*;
+    let (p, n) = (c.as_ptr() as *const __m256i, c.len() / 8);
+    let mut acc = [_mm256_setzero_si256(); 4];
+    let mut i = 0;
+    while i + 4 <= n {
+        for (k, a) in acc.iter_mut().enumerate() {
+            *a = _mm256_or_si256(*a, _mm256_loadu_si256(p.add(i + k)));
+        }
+        i += 4;
+    }
+    let a = _mm256_or_si256(_mm256_or_si256(acc[0], acc[1]), _mm256_or_si256(acc[2], acc[3]));
+    (_mm256_extract_epi32::<0>(a) | _mm256_extract_epi32::<7>(a)) as u32
 }
 
 fn make(format: &str, out: usize, inp: usize, rng: &mut Rand) -> Linear {
@@ -109,8 +114,66 @@ fn make(format: &str, out: usize, inp: usize, rng: &mut Rand) -> Linear {
     Linear::new(out, inp, data)
 }
 
-/// Passes of each measurement; the best one counts.
-const PASSES: usize = 6;
+/// Bytes each side reads per round of the interleaved measurement.
+const SLICE: usize = 64 << 20;
+
+/// Rounds of the interleaved measurement (`STRATA_BENCH_ROUNDS`, default 48).
+fn rounds() -> usize {
+    std::env::var("STRATA_BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(48usize)
+        .max(1)
+}
+
+/// (kernel GB/s, memory GB/s) measured side by side: each round reads the next 64 MiB slice of
+/// the stream buffer, then multiplies through the next 64 MiB of matrix copies (both long
+/// evicted from the caches since their last use); the totals over all rounds give the two rates.
+/// Memory bandwidth on a shared machine swings by a third within seconds; alternating every few
+/// milliseconds puts both sides under the same conditions. One round first, uncounted, warms up.
+fn interleaved(stream: &[f32], mats: &[Linear], x: &[f32], y: &mut [f32]) -> (f64, f64) {
+    let chunk = SLICE / 4;
+    let slices = stream.len() / chunk;
+    let per_round = (SLICE / mats[0].bytes()).clamp(1, mats.len());
+    let (mut stream_s, mut kernel_s, mut kernel_bytes) = (0f64, 0f64, 0usize);
+    let mut next = 0;
+    for round in 0..=rounds() {
+        let s = round % slices;
+        let mut st = 0.0;
+        if round % 2 == 0 {
+            st = stream_pass(&stream[s * chunk..(s + 1) * chunk]);
+        }
+        let t = Instant::now();
+        for _ in 0..per_round {
+            mats[next].matvec(x, y);
+            next = (next + 1) % mats.len();
+        }
+        std::hint::black_box(&y);
+        let kt = t.elapsed().as_secs_f64();
+        if round % 2 == 1 {
+            st = stream_pass(&stream[s * chunk..(s + 1) * chunk]);
+        }
+        if round > 0 {
+            kernel_s += kt;
+            stream_s += st;
+            kernel_bytes += per_round * mats[0].bytes();
+        }
+    }
+    let stream_bytes = rounds() * chunk * 4;
+    (
+        kernel_bytes as f64 / kernel_s / 1e9,
+        stream_bytes as f64 / stream_s / 1e9,
+    )
+}
+
+/// Passes of each `--hot` measurement (`STRATA_BENCH_PASSES`, default 12); the best one counts.
+fn passes() -> usize {
+    std::env::var("STRATA_BENCH_PASSES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(12usize)
+        .max(1)
+}
 
 fn main() {
     let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
@@ -119,13 +182,20 @@ fn main() {
     let stream: Vec<f32> = (0..budget_bytes().max(512 << 20) / 4)
         .map(|i| (i % 251) as f32)
         .collect();
-    println!(
-        "threads: {threads}; \"mem GB/s\": a STREAM-like {threads}-thread read of {} MiB, each pass right \
-         before a pass of the kernel (best of {PASSES} each), so the ratio compares the two side by side",
-        (stream.len() * 4) >> 20
-    );
     if hot {
-        println!("hot: weights cut to 256 KiB and kept in cache (compute bound, not memory)");
+        println!(
+            "threads: {threads}; hot: weights cut to 256 KiB and kept in cache (compute bound, not memory), \
+             one thread; \"mem GB/s\": a STREAM-like {threads}-thread read of {} MiB (best of {} each)",
+            (stream.len() * 4) >> 20,
+            passes()
+        );
+    } else {
+        println!(
+            "threads: {threads}; \"mem GB/s\": a STREAM-like {threads}-thread read, alternating with the kernel \
+             in {} MiB slices over {} rounds (totals), so the ratio compares the two side by side",
+            SLICE >> 20,
+            rounds()
+        );
     }
     println!(
         "{:<7} {:<34} {:>11} {:>9} {:>9} {:>9} {:>7} {:>11}",
@@ -163,34 +233,35 @@ fn main() {
             drop(one);
             let x: Vec<f32> = (0..inp).map(|_| rng.f32()).collect();
             let mut y = vec![0f32; out];
-            let (mut best, mut best_stream) = (f64::INFINITY, f64::INFINITY);
-            for _ in 0..PASSES {
-                best_stream = best_stream.min(stream_pass(&stream));
-                let t = Instant::now();
-                if hot {
-                    let m = &mats[0];
-                    let p = m.prepare(&x);
+            let (gbs, mem) = if hot {
+                let m = &mats[0];
+                let p = m.prepare(&x);
+                let mut best = f64::INFINITY;
+                for _ in 0..passes() {
+                    let t = Instant::now();
                     for _ in 0..repeats {
                         m.rows_dot_prepared(0..out, &x, &p, &mut y);
                         std::hint::black_box(&y);
                     }
-                } else {
-                    for m in &mats {
-                        m.matvec(&x, &mut y);
-                    }
+                    best = best.min(t.elapsed().as_secs_f64() / repeats as f64);
                 }
-                best = best.min(t.elapsed().as_secs_f64() / repeats as f64);
-                std::hint::black_box(&y);
-            }
+                let mut best_stream = f64::INFINITY;
+                for _ in 0..passes() {
+                    best_stream = best_stream.min(stream_pass(&stream));
+                }
+                (
+                    m.bytes() as f64 / best / 1e9,
+                    (stream.len() * 4) as f64 / best_stream / 1e9,
+                )
+            } else {
+                interleaved(&stream, &mats, &x, &mut y)
+            };
             let t = Instant::now();
             for _ in 0..16 {
                 std::hint::black_box(mats[0].prepare(&x));
             }
             let prepare_us = t.elapsed().as_secs_f64() / 16.0 * 1e6;
-            let bytes: usize = mats.iter().map(|m| m.bytes()).sum();
-            let gbs = bytes as f64 / best / 1e9;
-            let gflops = 2.0 * (out * inp * copies) as f64 / best / 1e9;
-            let mem = (stream.len() * 4) as f64 / best_stream / 1e9;
+            let gflops = gbs * 2.0 * (out * inp) as f64 / mats[0].bytes() as f64;
             println!(
                 "{format:<7} {:<34} {:>11.1} {gbs:>9.2} {gflops:>9.2} {mem:>9.2} {:>6.0}% {prepare_us:>11.1}",
                 format!("{label} {out}x{inp}"),

@@ -106,14 +106,24 @@ pub fn prepare(x: &[f32], group: usize) -> Option<IntAct> {
     fast.then(|| intdot::prepare(x, 8, 1.0))
 }
 
-/// The dot with an activation from [`prepare`]: the whole blocks in integers (16-bit activation),
-/// the rest exactly as [`dot_int4_reference`].
-pub fn dot_int4_prepared(packed: &[u32], scales: &[u16], group: usize, x: &[f32], p: Option<&IntAct>) -> f32 {
+/// [`dot_int4_prepared`] for a run of rows of a matrix: `packed` and `scales` hold whole rows of
+/// `x.len()` inputs, `out[i]` gets row `first + i`.
+pub fn rows_int4_prepared(
+    packed: &[u32],
+    scales: &[u16],
+    group: usize,
+    x: &[f32],
+    p: Option<&IntAct>,
+    first: usize,
+    out: &mut [f32],
+) {
+    let (words, groups) = (x.len().div_ceil(8), x.len().div_ceil(group));
+    let rows = first..first + out.len();
+    let packed = &packed[rows.start * words..rows.end * words];
+    let scales = &scales[rows.start * groups..rows.end * groups];
     #[cfg(target_arch = "x86_64")]
     if let Some(a) = p {
         if crate::dot::has_avx2_fma_f16c() {
-            let blocked = a.blocks * intdot::BLOCK;
-            assert!(packed.len() * 8 >= x.len() && scales.len() * group >= x.len() && blocked <= x.len());
             // SAFETY: u32 words are little-endian bytes on x86; the byte view covers the same memory.
             let bytes = unsafe { std::slice::from_raw_parts(packed.as_ptr() as *const u8, packed.len() * 4) };
             let s = if group == 32 {
@@ -122,14 +132,27 @@ pub fn dot_int4_prepared(packed: &[u32], scales: &[u16], group: usize, x: &[f32]
                 intdot::x86::Scales::Bf16Wide(scales, group.trailing_zeros())
             };
             // SAFETY: avx2 and fma were detected.
-            let head = unsafe { intdot::x86::dot_avx2(bytes, s, None, a) };
-            let mut tail = 0f32;
-            for j in blocked..x.len() {
-                tail += int4_at(packed, j) as f32 * x[j] * bf16_to_f32(scales[j / group]);
-            }
-            return head + tail;
+            unsafe { intdot::x86::dot_rows_avx2(bytes, words * 4, s, groups, None, a, out) };
+            intdot::add_tails(out, a, x.len(), |i, j| {
+                int4_at(&packed[i * words..], j) as f32 * x[j] * bf16_to_f32(scales[i * groups + j / group])
+            });
+            return;
         }
     }
     let _ = p;
-    dot_int4_reference(packed, scales, group, x)
+    for (i, o) in out.iter_mut().enumerate() {
+        let (w, s) = (
+            &packed[i * words..(i + 1) * words],
+            &scales[i * groups..(i + 1) * groups],
+        );
+        *o = dot_int4_reference(w, s, group, x);
+    }
+}
+
+/// The dot with an activation from [`prepare`]: the whole blocks in integers (24-bit activation),
+/// the rest exactly as [`dot_int4_reference`].
+pub fn dot_int4_prepared(packed: &[u32], scales: &[u16], group: usize, x: &[f32], p: Option<&IntAct>) -> f32 {
+    let mut out = [0f32];
+    rows_int4_prepared(packed, scales, group, x, p, 0, &mut out);
+    out[0]
 }

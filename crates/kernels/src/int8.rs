@@ -50,7 +50,7 @@ pub mod x86 {
         let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
         let mut i = 0;
         while i + 16 <= n {
-            crate::dot::x86::prefetch(w.as_ptr().add(i));
+            crate::dot::x86::prefetch_line(w.as_ptr(), i);
             let b = _mm_loadu_si128(w.as_ptr().add(i) as *const __m128i);
             let w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
             let w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));

@@ -2,12 +2,13 @@
 //!
 //! Their weights are small integers once mapped to unsigned bytes (INT4: the stored nibble q + 8;
 //! MXFP4: twice the E2M1 value plus 12), so instead of converting every weight to f32 the
-//! activation is put once per token into integers and the products are summed exactly with
-//! `vpmaddubsw`, 32 at a time. Per 32 inputs with step s = max|x| / 32512, each input becomes
+//! activation is put once per token into integers and the products are summed exactly in
+//! integer SIMD. Per 32 inputs with step s = max|x| / 32512, each input becomes
 //! s * (q + r / 256): q = round(x / s) in 16 bits and r the rounded rest in 8 more, i.e. 24
-//! significant bits, as many as an f32 has, held as three signed bytes (q = 256 qh + ql, and r):
-//! the signed operands of `vpmaddubsw`. The weights' constant offset is taken out once per 32
-//! inputs from the sum of the activation.
+//! significant bits, as many as an f32 has. The kernel multiplies q by the weights with
+//! `vpmaddwd` (16 x 16 bits, the weight in the high byte so the product counts 1/256 steps) and r
+//! with `vpmaddubsw` (the unsigned weight bytes against signed r). The weights' constant offset
+//! is taken out once per 32 inputs from the sum of the activation.
 //!
 //! Accuracy: the weights are exact; each input moves by at most 1/512 of its step (6e-8 of the
 //! largest |x| among its 32), the size of f32 rounding. A 16-bit activation alone
@@ -15,42 +16,70 @@
 //! tolerance. The scalar twins compute the same integers; [`crate::int4::dot_int4_reference`]
 //! and [`crate::mxfp4::dot_mxfp4_reference`] stay the f32 truth the property tests compare to.
 
-/// Largest |q| before rounding (q may still move by one, see `split`): keeps qh within i8.
+/// Largest |q| before rounding (q may still move by one, see `split`): keeps q within i16.
 pub const QMAX: f32 = 32512.0;
 
 /// Inputs per block: 32 packed bytes of weights, two 32-input halves.
 pub const BLOCK: usize = 64;
 
-/// An activation prepared for [`x86::dot_avx2`], whole blocks of 64 inputs only.
-pub struct IntAct {
-    /// Per block, 192 bytes, 32 each: qh of the even inputs, qh of the odd ones, then ql and r
-    /// likewise (byte k is input 2k or 2k + 1, the order of the nibbles in the weights' bytes).
-    pub digits: Vec<i8>,
-    /// Per block, 8 lanes: the step of the first half (lanes 0-3) and of the second (4-7), times
-    /// the format's factor, over 256 (the kernel's sums count 1/256 steps).
-    pub step: Vec<f32>,
-    /// Per block, 8 lanes: minus the format's weight offset times the half's activation sum, in
-    /// lanes 0 and 4 (the other lanes are 0).
-    pub offset: Vec<f32>,
-    pub blocks: usize,
+/// One block of a prepared activation: 256 bytes, four cache lines, read in order.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub struct ActBlock {
+    /// q of input i at [`q_slot`]`(i)`: four vectors of 16, vector k holding inputs 4j + k
+    /// (the order of the nibbles in the weights' 16-bit lanes).
+    pub q: [i16; 64],
+    /// r of input i at [`r_slot`]`(i)`: the even inputs, then the odd ones (the order of the
+    /// nibbles in the weights' bytes).
+    pub r: [i8; 64],
+    /// The step of the first half (lanes 0-3) and of the second (4-7), times the format's
+    /// factor, over 256 (the kernel's sums count 1/256 steps).
+    pub step: [f32; 8],
+    /// Minus the format's weight offset times the half's activation sum, in lanes 0 and 4 (the
+    /// other lanes are 0).
+    pub offset: [f32; 8],
 }
 
-/// Byte of input i (0..64) of a block within each 32-byte digit vector pair: even inputs first.
-pub const fn digit_slot(i: usize) -> usize {
+const EMPTY: ActBlock = ActBlock {
+    q: [0; 64],
+    r: [0; 64],
+    step: [0.0; 8],
+    offset: [0.0; 8],
+};
+
+/// An activation prepared for [`x86::dot_avx2`], whole blocks of 64 inputs only.
+pub struct IntAct {
+    pub blocks: Vec<ActBlock>,
+}
+
+impl IntAct {
+    /// The prepared blocks as bytes (two preparations are the same when these are).
+    pub fn as_bytes(&self) -> &[u8] {
+        // SAFETY: ActBlock is plain data without padding (256 bytes of integers and floats).
+        unsafe { std::slice::from_raw_parts(self.blocks.as_ptr() as *const u8, self.blocks.len() * 256) }
+    }
+
+    /// The step lane of input j (its half's step x factor / 256).
+    pub fn step_of(&self, j: usize) -> f32 {
+        self.blocks[j / BLOCK].step[(j % BLOCK) / 32 * 4]
+    }
+}
+
+/// Index of input i (0..64) of a block in [`ActBlock::q`].
+pub const fn q_slot(i: usize) -> usize {
+    16 * (i % 4) + i / 4
+}
+
+/// Index of input i (0..64) of a block in [`ActBlock::r`].
+pub const fn r_slot(i: usize) -> usize {
     32 * (i % 2) + i / 2
 }
 
-/// Input j of a prepared activation in units of its step: 256 qh + ql + r / 256.
+/// Input j of a prepared activation in units of its step: q + r / 256.
 pub fn units_at(a: &IntAct, j: usize) -> f64 {
-    let d = &a.digits[j / BLOCK * 192..];
-    let k = digit_slot(j % BLOCK);
-    256.0 * d[k] as f64 + d[64 + k] as f64 + d[128 + k] as f64 / 256.0
-}
-
-/// q as two signed bytes, q = 256 qh + ql, ql in -128..=127.
-fn digits_of(q: i32) -> (i8, i8) {
-    let ql = ((q + 128) & 255) - 128;
-    (((q - ql) >> 8) as i8, ql as i8)
+    let b = &a.blocks[j / BLOCK];
+    let i = j % BLOCK;
+    b.q[q_slot(i)] as f64 + b.r[r_slot(i)] as f64 / 256.0
 }
 
 /// Below this largest |x| a half counts as zero (its inverse step would overflow; such inputs add
@@ -84,21 +113,11 @@ fn split(x: f32, step: f32, inv: f32) -> (i32, i32) {
     (q as i32, r as i32)
 }
 
-/// Appends a half's 4 step lanes and 4 offset lanes.
-fn push_half(a: &mut IntAct, step: f32, sum_q: i32, sum_r: i32, offset: i32, factor: f32) {
+/// Sets a half's 4 step lanes and its offset lane.
+fn set_half(b: &mut ActBlock, half: usize, step: f32, sum_q: i32, sum_r: i32, offset: i32, factor: f32) {
     let units = sum_q as f32 + sum_r as f32 / 256.0;
-    a.step.extend([step * factor / 256.0; 4]);
-    a.offset
-        .extend([-(offset as f32) * units * step * factor, 0.0, 0.0, 0.0]);
-}
-
-fn empty(blocks: usize) -> IntAct {
-    IntAct {
-        digits: vec![0i8; blocks * 192],
-        step: Vec::with_capacity(blocks * 8),
-        offset: Vec::with_capacity(blocks * 8),
-        blocks,
-    }
+    b.step[4 * half..4 * half + 4].fill(step * factor / 256.0);
+    b.offset[4 * half] = -(offset as f32) * units * step * factor;
 }
 
 /// Prepares the whole blocks of x. `offset` is the constant the weights' unsigned bytes carry
@@ -114,8 +133,10 @@ pub fn prepare(x: &[f32], offset: i32, factor: f32) -> IntAct {
 
 /// Scalar twin of [`x86::prepare_avx2`] (the same values, bit for bit).
 pub fn prepare_reference(x: &[f32], offset: i32, factor: f32) -> IntAct {
-    let mut a = empty(x.len() / BLOCK);
-    for b in 0..a.blocks {
+    let mut a = IntAct {
+        blocks: vec![EMPTY; x.len() / BLOCK],
+    };
+    for (b, block) in a.blocks.iter_mut().enumerate() {
         for half in 0..2 {
             let xs = &x[b * BLOCK + 32 * half..b * BLOCK + 32 * (half + 1)];
             let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -125,14 +146,25 @@ pub fn prepare_reference(x: &[f32], offset: i32, factor: f32) -> IntAct {
                 let (q, r) = split(*v, step, inv);
                 sum_q += q;
                 sum_r += r;
-                let (qh, ql) = digits_of(q);
-                let k = b * 192 + digit_slot(32 * half + i);
-                (a.digits[k], a.digits[k + 64], a.digits[k + 128]) = (qh, ql, r as i8);
+                block.q[q_slot(32 * half + i)] = q as i16;
+                block.r[r_slot(32 * half + i)] = r as i8;
             }
-            push_half(&mut a, step, sum_q, sum_r, offset, factor);
+            set_half(block, half, step, sum_q, sum_r, offset, factor);
         }
     }
     a
+}
+
+/// Adds to each row's sum over the whole blocks of `a` its inputs past them (`blocks * 64..n`):
+/// `term(row, j)` is input j's product; summed apart, then added, as a one-row call does.
+pub fn add_tails(out: &mut [f32], a: &IntAct, n: usize, term: impl Fn(usize, usize) -> f32) {
+    let blocked = a.blocks.len() * BLOCK;
+    assert!(blocked <= n);
+    if blocked < n {
+        for (i, o) in out.iter_mut().enumerate() {
+            *o += (blocked..n).map(|j| term(i, j)).fold(0f32, |s, t| s + t);
+        }
+    }
 }
 
 /// Scalar twin of [`x86::dot_avx2`]: `values[j]` is weight j as its unsigned byte (offset
@@ -140,148 +172,146 @@ pub fn prepare_reference(x: &[f32], offset: i32, factor: f32) -> IntAct {
 /// as the SIMD kernel does, then scales it.
 pub fn dot_reference(values: &[u8], half_scales: &[f32], a: &IntAct) -> f32 {
     let mut total = 0f32;
-    for h in 0..a.blocks * 2 {
-        let (b, base) = (h / 2, 32 * (h % 2));
+    for h in 0..a.blocks.len() * 2 {
+        let (block, base) = (&a.blocks[h / 2], 32 * (h % 2));
         let mut sum = 0i64; // in 1/256 steps
         for i in base..base + 32 {
-            let w = values[b * BLOCK + i] as i64;
-            let k = b * 192 + digit_slot(i);
-            let (qh, ql, r) = (
-                a.digits[k] as i64,
-                a.digits[k + 64] as i64,
-                a.digits[k + 128] as i64,
-            );
-            sum += w * (65536 * qh + 256 * ql + r);
+            let w = values[h / 2 * BLOCK + i] as i64;
+            let (q, r) = (block.q[q_slot(i)] as i64, block.r[r_slot(i)] as i64);
+            sum += w * (256 * q + r);
         }
-        let lanes = b * 8 + (h % 2) * 4;
-        total += (sum as f32 * a.step[lanes] + a.offset[lanes]) * half_scales[h];
+        let lane = (h % 2) * 4;
+        total += (sum as f32 * block.step[lane] + block.offset[lane]) * half_scales[h];
     }
     total
 }
 
 #[cfg(target_arch = "x86_64")]
 pub mod x86 {
-    //! AVX2: per block of 64 inputs, one 32-byte load of weights and two nibble masks; six
-    //! `vpmaddubsw` (even and odd nibbles against qh, ql and r), three `vpmaddwd` to join the
-    //! digits in i32; then one conversion and two FMAs (step + offset, the weights' scales).
+    //! AVX2: per block of 64 inputs, one 32-byte load of weights and two nibble masks (then the
+    //! format's table, if any); four `vpmaddwd` of q against the weights moved into the high
+    //! byte of each 16-bit lane, two `vpmaddubsw` of r against the weight bytes, one to widen
+    //! them; then one conversion and two FMAs (step + offset, the weights' scales).
     use std::arch::x86_64::*;
 
-    use super::{IntAct, BLOCK};
+    use super::{ActBlock, IntAct, BLOCK};
 
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn hsum_epi32(v: __m256i) -> i32 {
-        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+    unsafe fn hsum_epi32(v: __m128i) -> i32 {
+        let s = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0b01_00_11_10));
         _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01)))
     }
 
-    /// 64 i32 values of a block (8 vectors, inputs in order) to i8 in [`super::digit_slot`]
-    /// order, as two vectors [evens, odds]: narrowing packs (which interleave 128-bit lanes,
-    /// undone by a qword permute), a byte shuffle that splits even and odd inputs within each
-    /// lane, and lane selects.
+    /// Transposes the 4x4 blocks of 32-bit lanes in each 128-bit half of rows a, b, c, d.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn arrange(v: [__m256i; 8]) -> [__m256i; 2] {
-        const ORDER: i32 = 0b11_01_10_00; // qwords 0, 2, 1, 3
-                                          // Within each lane: the 8 even bytes, then the 8 odd ones.
-        let bytes = _mm256_setr_epi8(
-            0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9,
-            11, 13, 15,
-        );
-        // 32 inputs from four vectors of 8: [evens | odds].
-        let split8 = |a: __m256i, b: __m256i, c: __m256i, d: __m256i| {
-            let lo = _mm256_permute4x64_epi64::<ORDER>(_mm256_packs_epi32(a, b));
-            let hi = _mm256_permute4x64_epi64::<ORDER>(_mm256_packs_epi32(c, d));
-            let n = _mm256_permute4x64_epi64::<ORDER>(_mm256_packs_epi16(lo, hi));
-            _mm256_permute4x64_epi64::<ORDER>(_mm256_shuffle_epi8(n, bytes))
-        };
-        let d0 = split8(v[0], v[1], v[2], v[3]);
-        let d1 = split8(v[4], v[5], v[6], v[7]);
+    unsafe fn transpose4(a: __m256i, b: __m256i, c: __m256i, d: __m256i) -> [__m256i; 4] {
+        let (t0, t1) = (_mm256_unpacklo_epi32(a, b), _mm256_unpacklo_epi32(c, d));
+        let (t2, t3) = (_mm256_unpackhi_epi32(a, b), _mm256_unpackhi_epi32(c, d));
         [
-            _mm256_permute2x128_si256::<0x20>(d0, d1),
-            _mm256_permute2x128_si256::<0x31>(d0, d1),
+            _mm256_unpacklo_epi64(t0, t1),
+            _mm256_unpackhi_epi64(t0, t1),
+            _mm256_unpacklo_epi64(t2, t3),
+            _mm256_unpackhi_epi64(t2, t3),
         ]
     }
 
-    /// Prepares 32 inputs per half with vector max, multiply, round and fused multiply-add; the
-    /// digits are then placed in [`super::digit_slot`] order.
+    /// 64 i32 values of a block, in eight rows laid out as `prepare_avx2` loads them, as four
+    /// vectors of 16 i16 in [`super::q_slot`] order: the transposes bring inputs 4j + k of
+    /// rows 0-3 and of rows 4-7 together, and the saturating packs join the two in order.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn by_nibble(v: &[__m256i; 8]) -> [__m256i; 4] {
+        let a = transpose4(v[0], v[1], v[2], v[3]);
+        let b = transpose4(v[4], v[5], v[6], v[7]);
+        [
+            _mm256_packs_epi32(a[0], b[0]),
+            _mm256_packs_epi32(a[1], b[1]),
+            _mm256_packs_epi32(a[2], b[2]),
+            _mm256_packs_epi32(a[3], b[3]),
+        ]
+    }
+
+    /// Prepares a block per step: eight rows of 8 inputs, each row four inputs of the first
+    /// half (128-bit lane 0) and the four 32 further on (lane 1), so that every lane holds one
+    /// half and the rows transpose into [`super::q_slot`] order; vector max, multiply, round
+    /// and fused multiply-add as `super::split` does per input.
     ///
     /// # Safety
     /// The CPU must have AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn prepare_avx2(x: &[f32], offset: i32, factor: f32) -> IntAct {
-        let mut a = super::empty(x.len() / BLOCK);
+        let mut a = IntAct {
+            blocks: vec![super::EMPTY; x.len() / BLOCK],
+        };
         let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
-        for b in 0..a.blocks {
-            let mut q = [_mm256_setzero_si256(); 8];
-            let mut r = [_mm256_setzero_si256(); 8];
-            for half in 0..2 {
-                let p = x.as_ptr().add(b * BLOCK + 32 * half);
-                let v = [
-                    _mm256_loadu_ps(p),
-                    _mm256_loadu_ps(p.add(8)),
-                    _mm256_loadu_ps(p.add(16)),
-                    _mm256_loadu_ps(p.add(24)),
-                ];
-                let m = _mm256_max_ps(
-                    _mm256_max_ps(_mm256_and_ps(v[0], abs), _mm256_and_ps(v[1], abs)),
-                    _mm256_max_ps(_mm256_and_ps(v[2], abs), _mm256_and_ps(v[3], abs)),
-                );
+        for (b, out) in a.blocks.iter_mut().enumerate() {
+            let p = x.as_ptr().add(b * BLOCK);
+            // Row m: inputs 4m..4m + 4 in lane 0, 32 + 4m.. in lane 1.
+            let mut v = [_mm256_setzero_ps(); 8];
+            for (m, row) in v.iter_mut().enumerate() {
+                *row = _mm256_loadu2_m128(p.add(4 * m + 32), p.add(4 * m));
+            }
+            let (mut m, mut bad) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            for row in &v {
+                m = _mm256_max_ps(m, _mm256_and_ps(*row, abs));
                 // Not finite: x - x is NaN only for infinities and NaNs.
-                let bad = _mm256_or_ps(
-                    _mm256_or_ps(_mm256_sub_ps(v[0], v[0]), _mm256_sub_ps(v[1], v[1])),
-                    _mm256_or_ps(_mm256_sub_ps(v[2], v[2]), _mm256_sub_ps(v[3], v[3])),
-                );
-                let finite = _mm256_movemask_ps(_mm256_cmp_ps(bad, bad, _CMP_UNORD_Q)) == 0;
-                let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-                let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-                let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-                let (step, inv) = super::half_step(amax, finite);
-                let (stepv, invv, inv256) = (
-                    _mm256_set1_ps(step),
-                    _mm256_set1_ps(inv),
-                    _mm256_set1_ps(inv * 256.0),
-                );
-                let (hi, lo) = (_mm256_set1_ps(127.5), _mm256_set1_ps(-128.5));
-                let (one, wrap) = (_mm256_set1_ps(1.0), _mm256_set1_ps(256.0));
-                let (mut sum_q, mut sum_r) = (_mm256_setzero_si256(), _mm256_setzero_si256());
-                for k in 0..4 {
-                    const NEAREST: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-                    let mut qf = _mm256_round_ps::<NEAREST>(_mm256_mul_ps(v[k], invv));
-                    let rest = _mm256_fnmadd_ps(qf, stepv, v[k]);
-                    let mut rf = _mm256_round_ps::<NEAREST>(_mm256_mul_ps(rest, inv256));
-                    // As in `split`: r past +-128 moves q by one.
-                    let up = _mm256_cmp_ps::<_CMP_GT_OQ>(rf, hi);
-                    let down = _mm256_cmp_ps::<_CMP_LT_OQ>(rf, lo);
-                    qf = _mm256_sub_ps(
-                        _mm256_add_ps(qf, _mm256_and_ps(up, one)),
-                        _mm256_and_ps(down, one),
-                    );
-                    rf = _mm256_add_ps(
-                        _mm256_sub_ps(rf, _mm256_and_ps(up, wrap)),
-                        _mm256_and_ps(down, wrap),
-                    );
-                    q[4 * half + k] = _mm256_cvtps_epi32(qf);
-                    r[4 * half + k] = _mm256_cvtps_epi32(rf);
-                    sum_q = _mm256_add_epi32(sum_q, q[4 * half + k]);
-                    sum_r = _mm256_add_epi32(sum_r, r[4 * half + k]);
-                }
-                super::push_half(&mut a, step, hsum_epi32(sum_q), hsum_epi32(sum_r), offset, factor);
+                bad = _mm256_or_ps(bad, _mm256_sub_ps(*row, *row));
             }
-            // q = 256 qh + ql, ql in -128..=127 (as `super::digits_of`).
-            let (c128, c255) = (_mm256_set1_epi32(128), _mm256_set1_epi32(255));
-            let ql = q.map(|v| _mm256_sub_epi32(_mm256_and_si256(_mm256_add_epi32(v, c128), c255), c128));
-            let qh: [__m256i; 8] =
-                std::array::from_fn(|k| _mm256_srai_epi32(_mm256_sub_epi32(q[k], ql[k]), 8));
-            let d = a.digits.as_mut_ptr().add(b * 192) as *mut __m256i;
-            for (k, v) in [arrange(qh), arrange(ql), arrange(r)]
-                .iter()
-                .flatten()
-                .enumerate()
-            {
-                _mm256_storeu_si256(d.add(k), *v);
+            let m = _mm256_max_ps(m, _mm256_permute_ps::<0b01_00_11_10>(m));
+            let m = _mm256_max_ps(m, _mm256_permute_ps::<0b10_11_00_01>(m));
+            let unfinite = _mm256_movemask_ps(_mm256_cmp_ps(bad, bad, _CMP_UNORD_Q));
+            let (step0, inv0) = super::half_step(_mm256_cvtss_f32(m), unfinite & 0x0f == 0);
+            let (step1, inv1) =
+                super::half_step(_mm_cvtss_f32(_mm256_extractf128_ps(m, 1)), unfinite & 0xf0 == 0);
+            let stepv = _mm256_set_m128(_mm_set1_ps(step1), _mm_set1_ps(step0));
+            let invv = _mm256_set_m128(_mm_set1_ps(inv1), _mm_set1_ps(inv0));
+            let inv256 = _mm256_set_m128(_mm_set1_ps(inv1 * 256.0), _mm_set1_ps(inv0 * 256.0));
+            let (hi, lo) = (_mm256_set1_ps(127.5), _mm256_set1_ps(-128.5));
+            let (one, wrap) = (_mm256_set1_ps(1.0), _mm256_set1_ps(256.0));
+            let (mut q, mut r) = ([_mm256_setzero_si256(); 8], [_mm256_setzero_si256(); 8]);
+            let (mut sum_q, mut sum_r) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+            for k in 0..8 {
+                const NEAREST: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+                let mut qf = _mm256_round_ps::<NEAREST>(_mm256_mul_ps(v[k], invv));
+                let rest = _mm256_fnmadd_ps(qf, stepv, v[k]);
+                let mut rf = _mm256_round_ps::<NEAREST>(_mm256_mul_ps(rest, inv256));
+                // As in `split`: r past +-128 moves q by one.
+                let up = _mm256_cmp_ps::<_CMP_GT_OQ>(rf, hi);
+                let down = _mm256_cmp_ps::<_CMP_LT_OQ>(rf, lo);
+                qf = _mm256_sub_ps(
+                    _mm256_add_ps(qf, _mm256_and_ps(up, one)),
+                    _mm256_and_ps(down, one),
+                );
+                rf = _mm256_add_ps(
+                    _mm256_sub_ps(rf, _mm256_and_ps(up, wrap)),
+                    _mm256_and_ps(down, wrap),
+                );
+                q[k] = _mm256_cvtps_epi32(qf);
+                r[k] = _mm256_cvtps_epi32(rf);
+                sum_q = _mm256_add_epi32(sum_q, q[k]);
+                sum_r = _mm256_add_epi32(sum_r, r[k]);
             }
+            let (sq0, sr0) = (_mm256_castsi256_si128(sum_q), _mm256_castsi256_si128(sum_r));
+            let (sq1, sr1) = (
+                _mm256_extracti128_si256(sum_q, 1),
+                _mm256_extracti128_si256(sum_r, 1),
+            );
+            super::set_half(out, 0, step0, hsum_epi32(sq0), hsum_epi32(sr0), offset, factor);
+            super::set_half(out, 1, step1, hsum_epi32(sq1), hsum_epi32(sr1), offset, factor);
+            let qs = by_nibble(&q);
+            for (k, v) in qs.iter().enumerate() {
+                _mm256_store_si256(out.q.as_mut_ptr().add(16 * k) as *mut __m256i, *v);
+            }
+            // r: byte 2j of the even vector is input 4j (k = 0), byte 2j + 1 input 4j + 2.
+            let rs = by_nibble(&r);
+            let low = _mm256_set1_epi16(0x00ff);
+            let rp = out.r.as_mut_ptr() as *mut __m256i;
+            let even = _mm256_or_si256(_mm256_and_si256(rs[0], low), _mm256_slli_epi16(rs[2], 8));
+            let odd = _mm256_or_si256(_mm256_and_si256(rs[1], low), _mm256_slli_epi16(rs[3], 8));
+            _mm256_store_si256(rp, even);
+            _mm256_store_si256(rp.add(1), odd);
         }
         a
     }
@@ -298,22 +328,28 @@ pub mod x86 {
     }
 
     impl Scales<'_> {
-        /// (kind, shift, pointer), after checking that every block of `blocks` has its scales.
-        fn raw(self, blocks: usize) -> (u8, u32, *const u8) {
-            match self {
-                Scales::Bf16Group32(s) => {
-                    assert!(s.len() >= blocks * 2);
-                    (0, 0, s.as_ptr() as *const u8)
+        /// (kind, shift, pointer, bytes per row), after checking that every block of `blocks` in
+        /// each of `rows` rows, `per_row` scales apart, has its scales.
+        fn raw(self, blocks: usize, rows: usize, per_row: usize) -> (u8, u32, *const u8, usize) {
+            let (kind, shift, len, size, p) = match self {
+                Scales::Bf16Group32(s) => (0, 0, s.len(), 2, s.as_ptr() as *const u8),
+                Scales::Bf16Wide(s, shift) => (1, shift, s.len(), 2, s.as_ptr() as *const u8),
+                Scales::E8m0(s) => (2, 0, s.len(), 1, s.as_ptr()),
+            };
+            // Scales of one row's whole blocks.
+            let need = match kind {
+                1 => {
+                    assert!(shift >= 6);
+                    if blocks == 0 {
+                        0
+                    } else {
+                        (((blocks - 1) * BLOCK) >> shift) + 1
+                    }
                 }
-                Scales::Bf16Wide(s, shift) => {
-                    assert!(shift >= 6 && (blocks == 0 || s.len() > ((blocks - 1) * BLOCK) >> shift));
-                    (1, shift, s.as_ptr() as *const u8)
-                }
-                Scales::E8m0(s) => {
-                    assert!(s.len() >= blocks * 2);
-                    (2, 0, s.as_ptr())
-                }
-            }
+                _ => blocks * 2,
+            };
+            assert!(rows == 0 || (per_row >= need && len >= (rows - 1) * per_row + need));
+            (kind, shift, p, per_row * size)
         }
     }
 
@@ -324,19 +360,67 @@ pub mod x86 {
     /// The CPU must have AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn dot_avx2(packed: &[u8], scales: Scales, lut: Option<&[u8; 16]>, a: &IntAct) -> f32 {
-        let blocks = a.blocks;
-        assert!(a.digits.len() >= blocks * 192);
-        assert!(a.step.len() >= blocks * 8 && a.offset.len() >= blocks * 8);
-        assert!(packed.len() >= blocks * 32);
-        let (kind, shift, sp) = scales.raw(blocks);
+        let mut out = [0f32];
+        let per_row = match scales {
+            Scales::Bf16Group32(s) | Scales::Bf16Wide(s, _) => s.len(),
+            Scales::E8m0(s) => s.len(),
+        };
+        dot_rows_avx2(packed, a.blocks.len() * 32, scales, per_row, lut, a, &mut out);
+        out[0]
+    }
+
+    /// [`dot_avx2`] for `out.len()` rows: row i's packed bytes start at `i * row_bytes` and its
+    /// scales `i * scales_per_row` scales into `scales`. One call for a run of rows keeps the
+    /// per-row work (checks, dispatch) out of the loop.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot_rows_avx2(
+        packed: &[u8],
+        row_bytes: usize,
+        scales: Scales,
+        scales_per_row: usize,
+        lut: Option<&[u8; 16]>,
+        a: &IntAct,
+        out: &mut [f32],
+    ) {
+        let (blocks, rows) = (a.blocks.len(), out.len());
+        assert!(
+            row_bytes >= blocks * 32 && (rows == 0 || packed.len() >= (rows - 1) * row_bytes + blocks * 32)
+        );
+        let (kind, shift, sp, scale_row) = scales.raw(blocks, rows, scales_per_row);
         let p = packed.as_ptr();
         match (lut, kind) {
-            (None, 0) => run::<false, 0>(p, sp, shift, &[0; 16], a),
-            (None, 1) => run::<false, 1>(p, sp, shift, &[0; 16], a),
-            (None, _) => run::<false, 2>(p, sp, shift, &[0; 16], a),
-            (Some(l), 0) => run::<true, 0>(p, sp, shift, l, a),
-            (Some(l), 1) => run::<true, 1>(p, sp, shift, l, a),
-            (Some(l), _) => run::<true, 2>(p, sp, shift, l, a),
+            (None, 0) => rows_of::<false, 0>(p, row_bytes, sp, scale_row, shift, &[0; 16], a, out),
+            (None, 1) => rows_of::<false, 1>(p, row_bytes, sp, scale_row, shift, &[0; 16], a, out),
+            (None, _) => rows_of::<false, 2>(p, row_bytes, sp, scale_row, shift, &[0; 16], a, out),
+            (Some(l), 0) => rows_of::<true, 0>(p, row_bytes, sp, scale_row, shift, l, a, out),
+            (Some(l), 1) => rows_of::<true, 1>(p, row_bytes, sp, scale_row, shift, l, a, out),
+            (Some(l), _) => rows_of::<true, 2>(p, row_bytes, sp, scale_row, shift, l, a, out),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn rows_of<const LUT: bool, const SCALE: u8>(
+        packed: *const u8,
+        row_bytes: usize,
+        scales: *const u8,
+        scale_row: usize,
+        shift: u32,
+        lut: &[u8; 16],
+        a: &IntAct,
+        out: &mut [f32],
+    ) {
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = run::<LUT, SCALE>(
+                packed.add(i * row_bytes),
+                scales.add(i * scale_row),
+                shift,
+                lut,
+                a,
+            );
         }
     }
 
@@ -366,43 +450,105 @@ pub mod x86 {
         }
     }
 
-    /// Block b's 8 lanes before the weights' scales: step x (integer sums) + offset.
+    /// Byte-shuffle pattern that puts byte `i` of a 128-bit lane into dword lanes 0-3 and byte
+    /// `j` into lanes 4-7, at byte `at` of each dword (the other bytes zero).
+    const fn spread(i: i8, j: i8, at: usize, width: usize) -> [i8; 32] {
+        let mut m = [-1i8; 32];
+        let mut d = 0;
+        while d < 8 {
+            let src = if d < 4 { i } else { j };
+            let mut k = 0;
+            while k < width {
+                m[4 * d + at + k] = src + k as i8;
+                k += 1;
+            }
+            d += 1;
+        }
+        m
+    }
+
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn block_sum<const LUT: bool>(packed: *const u8, lut: __m256i, a: &IntAct, b: usize) -> __m256 {
+    unsafe fn shuffle(v: __m256i, pattern: &[i8; 32]) -> __m256i {
+        _mm256_shuffle_epi8(v, _mm256_loadu_si256(pattern.as_ptr() as *const __m256i))
+    }
+
+    /// Scales of blocks b and b + 1 as [`block_scales`] gives them, from one load and one byte
+    /// shuffle per block.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn pair_scales<const SCALE: u8>(scales: *const u8, shift: u32, b: usize) -> (__m256, __m256) {
+        match SCALE {
+            0 => {
+                // Four BF16; each goes to the high 16 bits of its four lanes.
+                const S0: [i8; 32] = spread(0, 2, 2, 2);
+                const S1: [i8; 32] = spread(4, 6, 2, 2);
+                let v = _mm256_set1_epi64x((scales.add(4 * b) as *const i64).read_unaligned());
+                (
+                    _mm256_castsi256_ps(shuffle(v, &S0)),
+                    _mm256_castsi256_ps(shuffle(v, &S1)),
+                )
+            }
+            1 => (
+                block_scales::<1>(scales, shift, b),
+                block_scales::<1>(scales, shift, b + 1),
+            ),
+            _ => {
+                // Four E8M0 bytes: e into the top byte (e << 24), then e << 23 = 2^(e - 127),
+                // except e = 0 (2^-127, a subnormal).
+                const S0: [i8; 32] = spread(0, 1, 3, 1);
+                const S1: [i8; 32] = spread(2, 3, 3, 1);
+                let v = _mm256_set1_epi32((scales.add(2 * b) as *const i32).read_unaligned());
+                let fix = |s: __m256i| {
+                    _mm256_castsi256_ps(_mm256_max_epu32(
+                        _mm256_srli_epi32(s, 1),
+                        _mm256_set1_epi32(0x0040_0000),
+                    ))
+                };
+                (fix(shuffle(v, &S0)), fix(shuffle(v, &S1)))
+            }
+        }
+    }
+
+    /// A block's 8 lanes before the weights' scales: step x (integer sums) + offset.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn block_sum<const LUT: bool>(packed: *const u8, lut: __m256i, blk: &ActBlock) -> __m256 {
         let low = _mm256_set1_epi8(0x0f);
-        let v = _mm256_loadu_si256(packed.add(32 * b) as *const __m256i);
+        let v = _mm256_loadu_si256(packed as *const __m256i);
         let mut even = _mm256_and_si256(v, low);
         let mut odd = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
         if LUT {
             even = _mm256_shuffle_epi8(lut, even);
             odd = _mm256_shuffle_epi8(lut, odd);
         }
-        // Per i16 lane, four products of a digit; per i32 lane, eight: at most 8 x 24 x
-        // (65536 x 127 + 256 x 128 + 128) < 2^31 once joined in 1/256 steps.
-        let d = a.digits.as_ptr().add(192 * b) as *const __m256i;
-        let m = |k: usize| {
-            _mm256_add_epi16(
-                _mm256_maddubs_epi16(even, _mm256_loadu_si256(d.add(k))),
-                _mm256_maddubs_epi16(odd, _mm256_loadu_si256(d.add(k + 1))),
-            )
-        };
-        let (hi, lo, rest) = (m(0), m(2), m(4));
-        let q = _mm256_add_epi32(
-            _mm256_madd_epi16(hi, _mm256_set1_epi16(256)),
-            _mm256_madd_epi16(lo, _mm256_set1_epi16(1)),
+        // 16-bit lane j holds inputs 4j (low byte of `even`), 4j + 1 (of `odd`), 4j + 2 and
+        // 4j + 3 (their high bytes). Moved into the high byte, each weight times q counts 1/256
+        // steps. Per 32-bit lane: 8 products of at most 24 x 256 x 32513, plus the rests' 8 of
+        // 24 x 128, < 2^31.
+        let high = _mm256_set1_epi16(0xff00u16 as i16);
+        let q = blk.q.as_ptr() as *const __m256i;
+        let p0 = _mm256_madd_epi16(_mm256_slli_epi16(even, 8), _mm256_load_si256(q));
+        let p1 = _mm256_madd_epi16(_mm256_slli_epi16(odd, 8), _mm256_load_si256(q.add(1)));
+        let p2 = _mm256_madd_epi16(_mm256_and_si256(even, high), _mm256_load_si256(q.add(2)));
+        let p3 = _mm256_madd_epi16(_mm256_and_si256(odd, high), _mm256_load_si256(q.add(3)));
+        let r = blk.r.as_ptr() as *const __m256i;
+        let rest = _mm256_add_epi16(
+            _mm256_maddubs_epi16(even, _mm256_load_si256(r)),
+            _mm256_maddubs_epi16(odd, _mm256_load_si256(r.add(1))),
         );
-        let units = _mm256_cvtepi32_ps(_mm256_add_epi32(
-            _mm256_slli_epi32(q, 8),
+        let units = _mm256_add_epi32(
+            _mm256_add_epi32(_mm256_add_epi32(p0, p1), _mm256_add_epi32(p2, p3)),
             _mm256_madd_epi16(rest, _mm256_set1_epi16(1)),
-        ));
+        );
         _mm256_fmadd_ps(
-            units,
-            _mm256_loadu_ps(a.step.as_ptr().add(8 * b)),
-            _mm256_loadu_ps(a.offset.as_ptr().add(8 * b)),
+            _mm256_cvtepi32_ps(units),
+            _mm256_load_ps(blk.step.as_ptr()),
+            _mm256_load_ps(blk.offset.as_ptr()),
         )
     }
 
+    #[inline]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn run<const LUT: bool, const SCALE: u8>(
         packed: *const u8,
@@ -412,19 +558,27 @@ pub mod x86 {
         a: &IntAct,
     ) -> f32 {
         let lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(lut.as_ptr() as *const __m128i));
+        // The scales are a second stream beside the weights: prefetched as many blocks ahead.
+        let scale_bytes = if SCALE == 0 { 4 } else { 2 };
+        let scales_ahead = scale_bytes * crate::dot::PREFETCH_AHEAD / 32;
+        let blocks = &a.blocks;
         // Two blocks per step into two accumulators: the FMA chains never wait on each other.
         let (mut t0, mut t1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
         let mut b = 0;
-        while b + 2 <= a.blocks {
+        while b + 2 <= blocks.len() {
             crate::dot::x86::prefetch(packed.wrapping_add(32 * b));
-            let s0 = block_sum::<LUT>(packed, lut, a, b);
-            let s1 = block_sum::<LUT>(packed, lut, a, b + 1);
-            t0 = _mm256_fmadd_ps(s0, block_scales::<SCALE>(scales, shift, b), t0);
-            t1 = _mm256_fmadd_ps(s1, block_scales::<SCALE>(scales, shift, b + 1), t1);
+            if (scale_bytes * b).is_multiple_of(64) {
+                _mm_prefetch::<_MM_HINT_T0>(scales.wrapping_add(scale_bytes * b + scales_ahead) as *const i8);
+            }
+            let (c0, c1) = pair_scales::<SCALE>(scales, shift, b);
+            let s0 = block_sum::<LUT>(packed.add(32 * b), lut, &blocks[b]);
+            let s1 = block_sum::<LUT>(packed.add(32 * (b + 1)), lut, &blocks[b + 1]);
+            t0 = _mm256_fmadd_ps(s0, c0, t0);
+            t1 = _mm256_fmadd_ps(s1, c1, t1);
             b += 2;
         }
-        if b < a.blocks {
-            let s0 = block_sum::<LUT>(packed, lut, a, b);
+        if b < blocks.len() {
+            let s0 = block_sum::<LUT>(packed.add(32 * b), lut, &blocks[b]);
             t0 = _mm256_fmadd_ps(s0, block_scales::<SCALE>(scales, shift, b), t0);
         }
         crate::dot::hsum256(_mm256_add_ps(t0, t1))

@@ -285,6 +285,21 @@ impl Linear {
     /// sharing the activation's loads, measured slower on weights not in cache).
     pub fn rows_dot_prepared(&self, rows: std::ops::Range<usize>, x: &[f32], p: &Prepared, out: &mut [f32]) {
         assert_eq!(out.len(), rows.len());
+        assert!(rows.end <= self.out_dim && x.len() == self.in_dim);
+        match (&self.data, p) {
+            (
+                WeightData::Int4 {
+                    packed,
+                    scales,
+                    group,
+                },
+                Prepared::Int4(p),
+            ) => return int4::rows_int4_prepared(packed, scales, *group, x, p.as_ref(), rows.start, out),
+            (WeightData::Mxfp4 { packed, scales }, Prepared::Mxfp4(p)) => {
+                return mxfp4::rows_mxfp4_prepared(packed, scales, x, p.as_ref(), rows.start, out)
+            }
+            _ => {}
+        }
         for (o, r) in out.iter_mut().zip(rows) {
             *o = self.row_dot_prepared(r, x, p);
         }

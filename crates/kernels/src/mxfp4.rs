@@ -134,27 +134,50 @@ pub fn prepare(x: &[f32]) -> Option<IntAct> {
     (x.len() >= intdot::BLOCK).then(|| intdot::prepare(x, 12, 0.5))
 }
 
-/// The dot with an activation from [`prepare`]: the whole blocks in integers (16-bit activation),
-/// the rest exactly as [`dot_mxfp4_reference`].
-pub fn dot_mxfp4_prepared(packed: &[u8], scales: &[u8], x: &[f32], p: Option<&IntAct>) -> f32 {
+/// [`dot_mxfp4_prepared`] for a run of rows of a matrix: `packed` and `scales` hold whole rows of
+/// `x.len()` inputs, `out[i]` gets row `first + i`.
+pub fn rows_mxfp4_prepared(
+    packed: &[u8],
+    scales: &[u8],
+    x: &[f32],
+    p: Option<&IntAct>,
+    first: usize,
+    out: &mut [f32],
+) {
+    let (bytes, groups) = (x.len().div_ceil(2), x.len().div_ceil(GROUP));
+    let rows = first..first + out.len();
+    let packed = &packed[rows.start * bytes..rows.end * bytes];
+    let scales = &scales[rows.start * groups..rows.end * groups];
     #[cfg(target_arch = "x86_64")]
     if let Some(a) = p {
         if crate::dot::has_avx2_fma_f16c() {
-            let blocked = a.blocks * intdot::BLOCK;
-            assert!(packed.len() * 2 >= x.len() && scales.len() * GROUP >= x.len() && blocked <= x.len());
+            let s = intdot::x86::Scales::E8m0(scales);
             // SAFETY: avx2 and fma were detected.
-            let head = unsafe {
-                intdot::x86::dot_avx2(packed, intdot::x86::Scales::E8m0(scales), Some(&INTDOT_LUT), a)
-            };
-            let mut tail = 0f32;
-            for j in blocked..x.len() {
-                tail += E2M1[code_at(packed, j) as usize] * x[j] * e8m0_to_f32(scales[j / GROUP]);
-            }
-            return head + tail;
+            unsafe { intdot::x86::dot_rows_avx2(packed, bytes, s, groups, Some(&INTDOT_LUT), a, out) };
+            intdot::add_tails(out, a, x.len(), |i, j| {
+                E2M1[code_at(&packed[i * bytes..], j) as usize]
+                    * x[j]
+                    * e8m0_to_f32(scales[i * groups + j / GROUP])
+            });
+            return;
         }
     }
     let _ = p;
-    dot_mxfp4_reference(packed, scales, x)
+    for (i, o) in out.iter_mut().enumerate() {
+        let (w, s) = (
+            &packed[i * bytes..(i + 1) * bytes],
+            &scales[i * groups..(i + 1) * groups],
+        );
+        *o = dot_mxfp4_reference(w, s, x);
+    }
+}
+
+/// The dot with an activation from [`prepare`]: the whole blocks in integers (24-bit activation),
+/// the rest exactly as [`dot_mxfp4_reference`].
+pub fn dot_mxfp4_prepared(packed: &[u8], scales: &[u8], x: &[f32], p: Option<&IntAct>) -> f32 {
+    let mut out = [0f32];
+    rows_mxfp4_prepared(packed, scales, x, p, 0, &mut out);
+    out[0]
 }
 
 #[cfg(test)]

@@ -144,7 +144,15 @@ fn every_format_row_dot_equals_the_exact_dot_of_its_decoded_row() {
             // matvec goes through the prepared-activation kernels (INT4, MXFP4).
             let mut y = vec![0f32; out];
             lin.matvec(&x, &mut y);
+            let p = lin.prepare(&x);
             for (r, &yr) in y.iter().enumerate() {
+                // A run of rows in one call is the same as each row on its own, bit for bit.
+                assert_eq!(
+                    yr.to_bits(),
+                    lin.row_dot_prepared(r, &x, &p).to_bits(),
+                    "case {case} {} ({out}x{inp}) row {r}",
+                    lin.data.format_name()
+                );
                 lin.decode_row(r, &mut row);
                 let quantized = match lin.data {
                     WeightData::Int4 { .. } | WeightData::Mxfp4 { .. } => intdot_bound(&row, &x),
@@ -209,8 +217,16 @@ fn avx2_kernels_equal_their_scalar_twins() {
             tol,
         );
 
-        let block = 1 + rng.below(200);
-        let codes: Vec<u8> = (0..n).map(|_| rng.next() as u8 & 0x7e).collect();
+        // Real checkpoints use blocks of 128: multiples of 32 take the prepared kernel's
+        // reordered path, other sizes the plain one.
+        let block = [1 + rng.below(200), 32, 64, 128][rng.below(4)];
+        // Every code of either sign but the two NaNs.
+        let codes: Vec<u8> = (0..n)
+            .map(|_| match rng.next() as u8 {
+                c if c & 0x7f == 0x7f => c & 0xfe,
+                c => c,
+            })
+            .collect();
         let scales: Vec<f32> = (0..n.div_ceil(block)).map(|_| rng.f32()).collect();
         let dec: Vec<f32> = (0..n)
             .map(|j| fp8::e4m3_to_f32(codes[j]) * scales[j / block])
@@ -296,16 +312,14 @@ fn intdot_activation_is_the_same_with_and_without_simd() {
             intdot::prepare(&x, offset, factor),
             intdot::prepare_reference(&x, offset, factor),
         );
-        assert_eq!(a.blocks, n / intdot::BLOCK);
-        assert_eq!(a.digits, b.digits, "case {case} n={n}");
-        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&a.step), bits(&b.step), "case {case} n={n}");
-        assert_eq!(bits(&a.offset), bits(&b.offset), "case {case} n={n}");
+        assert_eq!(a.blocks.len(), n / intdot::BLOCK);
+        // Digits, steps and offsets, bit for bit.
+        assert!(a.as_bytes() == b.as_bytes(), "case {case} n={n}");
         // Each value is within 1/512 of a step of its input (in f64: no rounding of ours; the
         // slack is the f32 rounding of rest / step).
-        for (j, xj) in x[..a.blocks * intdot::BLOCK].iter().enumerate() {
+        for (j, xj) in x[..a.blocks.len() * intdot::BLOCK].iter().enumerate() {
             // Step lanes hold step x factor / 256.
-            let step = (a.step[(j / 64) * 8 + ((j % 64) / 32) * 4] / factor) as f64 * 256.0;
+            let step = (a.step_of(j) / factor) as f64 * 256.0;
             let got = intdot::units_at(&a, j) * step;
             let tol = step * 0.501 / 256.0 + 1e-30;
             assert!(
@@ -381,9 +395,7 @@ fn intdot_kernel_equals_its_scalar_twin() {
                     .map(|j| (values[j] as f64 * intdot::units_at(&a, j)).abs())
                     .sum();
                 // Step lanes count 1/256 steps.
-                (s + 12.0 * 32.0 * 32640.0)
-                    * 256.0
-                    * (a.step[(h / 2) * 8 + (h % 2) * 4] as f64 * half_scales[h] as f64).abs()
+                (s + 12.0 * 32.0 * 32640.0) * 256.0 * (a.step_of(32 * h) as f64 * half_scales[h] as f64).abs()
             })
             .sum();
         // Near f32's range (2^127 scales on large sums) either side may overflow first.
