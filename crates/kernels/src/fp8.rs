@@ -112,6 +112,23 @@ pub mod x86 {
         ]
     }
 
+    /// 32 weights at `wp` times their 32 inputs at `xp` into the four accumulators.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn chunk32<const PREPARED: bool>(wp: *const u8, xp: *const f32, acc: &mut [__m256; 4]) {
+        if PREPARED {
+            let wk = decode32(wp);
+            for k in 0..4 {
+                acc[k] = _mm256_fmadd_ps(wk[k], _mm256_loadu_ps(xp.add(8 * k)), acc[k]);
+            }
+        } else {
+            for k in 0..4 {
+                let wk = decode8::<PREPARED>(wp.add(8 * k));
+                acc[k] = _mm256_fmadd_ps(wk, _mm256_loadu_ps(xp.add(8 * k)), acc[k]);
+            }
+        }
+    }
+
     /// With `PREPARED`, `xs` is x times 2^64 in the order of `super::prepare` (each whole 32
     /// inputs by stride 4, so `block` must be a multiple of 32): products come out at 2^-56 of
     /// their value and 2^56 joins each block's scale. Without it `xs` is x.
@@ -137,20 +154,15 @@ pub mod x86 {
             // Four independent chains keep both FMA pipes busy.
             let mut acc = [_mm256_setzero_ps(); 4];
             let mut i = start;
-            while i + 32 <= end {
-                crate::dot::x86::prefetch_line(w.as_ptr().add(start), i - start);
-                let (wp, xp) = (w.as_ptr().add(i), xs.as_ptr().add(i));
-                if PREPARED {
-                    let wk = decode32(wp);
-                    for k in 0..4 {
-                        acc[k] = _mm256_fmadd_ps(wk[k], _mm256_loadu_ps(xp.add(8 * k)), acc[k]);
-                    }
-                } else {
-                    for k in 0..4 {
-                        let wk = decode8::<PREPARED>(wp.add(8 * k));
-                        acc[k] = _mm256_fmadd_ps(wk, _mm256_loadu_ps(xp.add(8 * k)), acc[k]);
-                    }
-                }
+            // 64 bytes (one line, one prefetch) per step while they last, then 32.
+            while i + 64 <= end {
+                crate::dot::x86::prefetch(w.as_ptr().add(i));
+                chunk32::<PREPARED>(w.as_ptr().add(i), xs.as_ptr().add(i), &mut acc);
+                chunk32::<PREPARED>(w.as_ptr().add(i + 32), xs.as_ptr().add(i + 32), &mut acc);
+                i += 64;
+            }
+            if i + 32 <= end {
+                chunk32::<PREPARED>(w.as_ptr().add(i), xs.as_ptr().add(i), &mut acc);
                 i += 32;
             }
             // Past the last whole 32 of the row `xs` is in input order.
