@@ -112,6 +112,43 @@ pub mod x86 {
         ]
     }
 
+    /// `super::prepare`: each whole 32 inputs as eight rows of four (rows j and j + 4 in the two
+    /// 128-bit lanes of one vector), transposed within each lane, so vector k holds inputs 4j + k.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn prepare_avx2(x: &[f32]) -> Vec<f32> {
+        let n = x.len();
+        let whole = n / super::CHUNK * super::CHUNK;
+        let mut xs = vec![0f32; n];
+        let f = _mm256_set1_ps(super::X_FACTOR);
+        for c in (0..whole).step_by(super::CHUNK) {
+            let p = x.as_ptr().add(c);
+            let r = [
+                _mm256_loadu2_m128(p.add(16), p),
+                _mm256_loadu2_m128(p.add(20), p.add(4)),
+                _mm256_loadu2_m128(p.add(24), p.add(8)),
+                _mm256_loadu2_m128(p.add(28), p.add(12)),
+            ];
+            let (t0, t1) = (_mm256_unpacklo_ps(r[0], r[1]), _mm256_unpacklo_ps(r[2], r[3]));
+            let (t2, t3) = (_mm256_unpackhi_ps(r[0], r[1]), _mm256_unpackhi_ps(r[2], r[3]));
+            let out = [
+                _mm256_shuffle_ps::<0x44>(t0, t1),
+                _mm256_shuffle_ps::<0xee>(t0, t1),
+                _mm256_shuffle_ps::<0x44>(t2, t3),
+                _mm256_shuffle_ps::<0xee>(t2, t3),
+            ];
+            for (k, v) in out.iter().enumerate() {
+                _mm256_storeu_ps(xs.as_mut_ptr().add(c + 8 * k), _mm256_mul_ps(*v, f));
+            }
+        }
+        for i in whole..n {
+            xs[i] = x[i] * super::X_FACTOR;
+        }
+        xs
+    }
+
     /// 32 weights at `wp` times their 32 inputs at `xp` into the four accumulators.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
@@ -204,6 +241,16 @@ const CHUNK: usize = 32;
 /// 8k + j holds input 4j + k), the order in which the kernel decodes 32 weight bytes; the last
 /// partial 32 stays in order.
 pub fn prepare(x: &[f32]) -> Vec<f32> {
+    #[cfg(target_arch = "x86_64")]
+    if crate::dot::has_avx2_fma_f16c() {
+        // SAFETY: avx2 and fma were detected.
+        return unsafe { x86::prepare_avx2(x) };
+    }
+    prepare_reference(x)
+}
+
+/// Scalar twin of [`prepare`]'s SIMD variant (the same values, bit for bit).
+pub fn prepare_reference(x: &[f32]) -> Vec<f32> {
     let mut xs = Vec::with_capacity(x.len());
     for c in x.chunks(CHUNK) {
         if c.len() == CHUNK {
@@ -235,6 +282,20 @@ pub fn dot_fp8_prepared(w: &[u8], scales: &[f32], block: usize, x: &[f32], xs: &
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prepared_activation_is_the_same_with_and_without_simd() {
+        for n in [0usize, 5, 31, 32, 33, 64, 100, 7168, 7170] {
+            let x: Vec<f32> = (0..n).map(|i| (i as f32 * 0.731).sin() * 1e3).collect();
+            let bits = |v: Vec<f32>| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            let want = prepare_reference(&x);
+            assert_eq!(bits(prepare(&x)), bits(want.clone()), "n = {n}");
+            // Position 8k + j of each whole 32 is input 4j + k.
+            if n >= 32 {
+                assert_eq!(want[8 + 2], x[4 * 2 + 1] * X_FACTOR);
+            }
+        }
+    }
 
     #[test]
     fn decodes_known_codes() {
