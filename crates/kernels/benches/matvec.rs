@@ -127,8 +127,9 @@ fn rounds() -> usize {
 }
 
 /// (kernel GB/s, memory GB/s) measured side by side: each round reads the next 64 MiB slice of
-/// the stream buffer, then multiplies through the next 64 MiB of matrix copies (both long
-/// evicted from the caches since their last use); the totals over all rounds give the two rates.
+/// the stream buffer and multiplies through the next 64 MiB of matrix copies (both long evicted
+/// from the caches since their last use), in an order that flips every round; the totals over
+/// all rounds give the two rates.
 /// Memory bandwidth on a shared machine swings by a third within seconds; alternating every few
 /// milliseconds puts both sides under the same conditions. One round first, uncounted, warms up.
 fn interleaved(stream: &[f32], mats: &[Linear], x: &[f32], y: &mut [f32]) -> (f64, f64) {
