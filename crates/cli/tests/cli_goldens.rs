@@ -15,10 +15,9 @@ fn strata(args: &[&str]) -> Value {
     common::strata_json(args)
 }
 
-/// `strata run` greedy on the golden's first generation entry (its prompt, as many new tokens as
-/// it recorded), with `extra` flags; the JSON output.
-fn greedy_run(dir: &str, g: &Value, extra: &[&str]) -> Value {
-    let entry = &g["generation"][0];
+/// `strata run` greedy on one of a golden's generation entries (its prompt, as many new tokens
+/// as it recorded), with `extra` flags; the JSON output.
+fn greedy_run(dir: &str, entry: &Value, extra: &[&str]) -> Value {
     let n = as_u32s(&entry["new_ids"]).len().to_string();
     let prompt = csv(&as_u32s(&entry["prompt_ids"]));
     let args = [
@@ -73,22 +72,7 @@ fn logits_and_run_through_the_binary_match_goldens() {
             let p = entry["prompt_index"].as_u64().unwrap() as usize;
             let absmax = g["prompts"][p]["last_logits_absmax"].as_f64().unwrap() as f32;
             let want = as_u32s(&entry["new_ids"]);
-            let n = want.len().to_string();
-            let prompt_ids = csv(&as_u32s(&entry["prompt_ids"]));
-            let out = strata(&[
-                "run",
-                "--model",
-                dir,
-                "--ids",
-                &prompt_ids,
-                "--max-tokens",
-                &n,
-                "--temperature",
-                "0",
-                "--ignore-eos",
-                "--output",
-                "json",
-            ]);
+            let out = greedy_run(dir, entry, &[]);
             let got = as_u32s(&out["token_ids"]);
             let margins = as_f32s(&entry["step_top2_margin"]);
             let checked = checked_generation_len(&margins, rel, absmax);
@@ -200,7 +184,7 @@ fn a_cache_smaller_than_one_expert_changes_nothing_through_the_binary() {
         }
         let entry = &g["generation"][0];
         let want = as_u32s(&entry["new_ids"]);
-        let out = greedy_run(dir, &g, &["--expert-cache", "1K"]);
+        let out = greedy_run(dir, &g["generation"][0], &["--expert-cache", "1K"]);
         let p = entry["prompt_index"].as_u64().unwrap() as usize;
         let absmax = g["prompts"][p]["last_logits_absmax"].as_f64().unwrap() as f32;
         let margins = as_f32s(&entry["step_top2_margin"]);
@@ -281,7 +265,8 @@ fn streamed_layers_change_nothing_through_the_binary() {
                 "{name}: streamed layers (--io {io}) changed the logits"
             );
         }
-        let run = |spine: &str| greedy_run(dir, &g, &["--spine", spine])["token_ids"].clone();
+        let run =
+            |spine: &str| greedy_run(dir, &g["generation"][0], &["--spine", spine])["token_ids"].clone();
         assert_eq!(run("stream"), run("resident"), "{name}: streamed generation");
     }
 }

@@ -30,12 +30,16 @@ impl Rand {
     }
 }
 
-fn budget_bytes() -> usize {
-    std::env::var("STRATA_BENCH_MIB")
+/// A count from the environment variable `name`, or `default`.
+fn env_count(name: &str, default: usize) -> usize {
+    std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(768usize)
-        << 20
+        .unwrap_or(default)
+}
+
+fn budget_bytes() -> usize {
+    env_count("STRATA_BENCH_MIB", 768) << 20
 }
 
 /// One parallel read pass over a buffer far larger than the caches (the memory bandwidth bound);
@@ -119,11 +123,7 @@ const SLICE: usize = 64 << 20;
 
 /// Rounds of the interleaved measurement (`STRATA_BENCH_ROUNDS`, default 48).
 fn rounds() -> usize {
-    std::env::var("STRATA_BENCH_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(48usize)
-        .max(1)
+    env_count("STRATA_BENCH_ROUNDS", 48).max(1)
 }
 
 /// (kernel GB/s, memory GB/s) measured side by side: each round reads the next 64 MiB slice of
@@ -169,11 +169,7 @@ fn interleaved(stream: &[f32], mats: &[Linear], x: &[f32], y: &mut [f32]) -> (f6
 
 /// Passes of each `--hot` measurement (`STRATA_BENCH_PASSES`, default 12); the best one counts.
 fn passes() -> usize {
-    std::env::var("STRATA_BENCH_PASSES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(12usize)
-        .max(1)
+    env_count("STRATA_BENCH_PASSES", 12).max(1)
 }
 
 fn main() {

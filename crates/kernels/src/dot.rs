@@ -243,24 +243,8 @@ pub mod x86 {
         let n = w.len();
         let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
         let mut i = 0;
-        // 64 bytes (one line) per step while they last, then 32.
-        while i + 32 <= n {
+        while i + 16 <= n {
             prefetch_lines(w.as_ptr(), 2 * i);
-            for j in [i, i + 16] {
-                a0 = _mm256_fmadd_ps(
-                    load_bf16x8(w.as_ptr().add(j)),
-                    _mm256_loadu_ps(x.as_ptr().add(j)),
-                    a0,
-                );
-                a1 = _mm256_fmadd_ps(
-                    load_bf16x8(w.as_ptr().add(j + 8)),
-                    _mm256_loadu_ps(x.as_ptr().add(j + 8)),
-                    a1,
-                );
-            }
-            i += 32;
-        }
-        if i + 16 <= n {
             a0 = _mm256_fmadd_ps(
                 load_bf16x8(w.as_ptr().add(i)),
                 _mm256_loadu_ps(x.as_ptr().add(i)),
