@@ -8,9 +8,13 @@
 //! copied until the copies fill `STRATA_BENCH_MIB` (default 768 MiB), so every weight byte comes
 //! from DRAM; the kernel and the stream read alternate in 64 MiB slices (see `interleaved`).
 //!
-//! `-- --hot`: the compute bound instead. Each shape is cut to the rows that fit 256 KiB (the L2
-//! cache) and multiplied over and over on one thread (the activation prepared once, as a large
-//! matrix amortises it), so no weight byte waits on memory: one core's decode rate per format.
+//! "compute": the compute bound, measured in the same run. Each thread multiplies its own cut of
+//! the matrix (the rows that fit 256 KiB, in its L2 cache) over and over, the activation prepared
+//! once (as a large matrix amortises it), so no weight byte waits on memory; "/ mem" is that
+//! rate over the memory's. A format whose compute bound is near the memory's cannot hide the
+//! memory's stalls and swings behind decoding, however well it prefetches.
+//!
+//! `-- --hot`: "GB/s" is one thread's compute bound instead of the product from memory.
 
 use std::time::Instant;
 
@@ -172,6 +176,38 @@ fn passes() -> usize {
     env_count("STRATA_BENCH_PASSES", 12).max(1)
 }
 
+/// The compute bound of `format` with `inp` inputs: (GB/s of one thread, GB/s of every thread
+/// at once). Each thread multiplies its own cut of the matrix, the rows that fit 256 KiB (half of
+/// this machine's L2), over and over with the activation prepared once (as a large matrix
+/// amortises it), so no weight byte waits on memory; the best of `passes()` counts.
+fn hot_rates(format: &str, inp: usize, rng: &mut Rand) -> (f64, f64) {
+    let threads = rayon::current_num_threads();
+    let row_bytes = make(format, 1, inp, rng).bytes();
+    let out = ((128 << 10) / row_bytes).max(4);
+    let repeats = 256;
+    let mats: Vec<Linear> = (0..threads).map(|_| make(format, out, inp, rng)).collect();
+    let x: Vec<f32> = (0..inp).map(|_| rng.f32()).collect();
+    let preps: Vec<_> = mats.iter().map(|m| m.prepare(&x)).collect();
+    let run = |m: &Linear, p| {
+        let mut y = vec![0f32; out];
+        for _ in 0..repeats {
+            m.rows_dot_prepared(0..out, &x, p, &mut y);
+            std::hint::black_box(&y);
+        }
+    };
+    let (mut one, mut all) = (f64::INFINITY, f64::INFINITY);
+    for _ in 0..passes() {
+        let t = Instant::now();
+        run(&mats[0], &preps[0]);
+        one = one.min(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        rayon::broadcast(|ctx| run(&mats[ctx.index()], &preps[ctx.index()]));
+        all = all.min(t.elapsed().as_secs_f64());
+    }
+    let bytes = (repeats * mats[0].bytes()) as f64;
+    (bytes / one / 1e9, threads as f64 * bytes / all / 1e9)
+}
+
 fn main() {
     let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
     let hot = std::env::args().any(|a| a == "--hot");
@@ -181,22 +217,32 @@ fn main() {
         .collect();
     if hot {
         println!(
-            "threads: {threads}; hot: weights cut to 256 KiB and kept in cache (compute bound, not memory), \
-             one thread; \"mem GB/s\": a STREAM-like {threads}-thread read of {} MiB (best of {} each)",
+            "threads: {threads}; hot: \"GB/s\" is one thread on a 256 KiB cut of the weights kept in its cache \
+             (compute bound, not memory); \"mem GB/s\": a STREAM-like {threads}-thread read of {} MiB (best of {} each)",
             (stream.len() * 4) >> 20,
             passes()
         );
     } else {
         println!(
             "threads: {threads}; \"mem GB/s\": a STREAM-like {threads}-thread read, alternating with the kernel \
-             in {} MiB slices over {} rounds (totals), so the ratio compares the two side by side",
+             in {} MiB slices over {} rounds (totals), so the ratio compares the two side by side; \
+             \"compute\": GB/s of all {threads} threads on weights kept in their caches (the compute bound)",
             SLICE >> 20,
             rounds()
         );
     }
     println!(
-        "{:<7} {:<34} {:>11} {:>9} {:>9} {:>9} {:>7} {:>11}",
-        "format", "shape (out x in)", "MiB/matrix", "GB/s", "GFLOP/s", "mem GB/s", "of mem", "prepare us"
+        "{:<7} {:<34} {:>11} {:>9} {:>9} {:>9} {:>7} {:>11} {:>7} {:>11}",
+        "format",
+        "shape (out x in)",
+        "MiB/matrix",
+        "GB/s",
+        "GFLOP/s",
+        "mem GB/s",
+        "of mem",
+        "compute",
+        "/ mem",
+        "prepare us"
     );
     let shapes: &[(&str, usize, usize)] = &[
         ("Kimi K2 expert gate/up", 2048, 7168),
@@ -214,56 +260,36 @@ fn main() {
             if filter.as_ref().is_some_and(|f| !name.contains(f.as_str())) {
                 continue;
             }
-            let (out, repeats) = if hot {
-                let row_bytes = make(format, 1, inp, &mut rng).bytes();
-                (((256 << 10) / row_bytes).clamp(8, out), 256)
-            } else {
-                (out, 1)
-            };
-            let one = make(format, out, inp, &mut rng);
-            let copies = if hot {
-                1
-            } else {
-                (budget_bytes() / one.bytes()).max(2)
-            };
-            let mats: Vec<Linear> = (0..copies).map(|_| one.clone()).collect();
-            drop(one);
-            let x: Vec<f32> = (0..inp).map(|_| rng.f32()).collect();
-            let mut y = vec![0f32; out];
+            let (one_core, all_cores) = hot_rates(format, inp, &mut rng);
             let (gbs, mem) = if hot {
-                let m = &mats[0];
-                let p = m.prepare(&x);
-                let mut best = f64::INFINITY;
-                for _ in 0..passes() {
-                    let t = Instant::now();
-                    for _ in 0..repeats {
-                        m.rows_dot_prepared(0..out, &x, &p, &mut y);
-                        std::hint::black_box(&y);
-                    }
-                    best = best.min(t.elapsed().as_secs_f64() / repeats as f64);
-                }
                 let mut best_stream = f64::INFINITY;
                 for _ in 0..passes() {
                     best_stream = best_stream.min(stream_pass(&stream));
                 }
-                (
-                    m.bytes() as f64 / best / 1e9,
-                    (stream.len() * 4) as f64 / best_stream / 1e9,
-                )
+                (one_core, (stream.len() * 4) as f64 / best_stream / 1e9)
             } else {
+                let one = make(format, out, inp, &mut rng);
+                let copies = (budget_bytes() / one.bytes()).max(2);
+                let mats: Vec<Linear> = (0..copies).map(|_| one.clone()).collect();
+                drop(one);
+                let x: Vec<f32> = (0..inp).map(|_| rng.f32()).collect();
+                let mut y = vec![0f32; out];
                 interleaved(&stream, &mats, &x, &mut y)
             };
+            let m = make(format, out, inp, &mut rng);
+            let x: Vec<f32> = (0..inp).map(|_| rng.f32()).collect();
             let t = Instant::now();
             for _ in 0..16 {
-                std::hint::black_box(mats[0].prepare(&x));
+                std::hint::black_box(m.prepare(&x));
             }
             let prepare_us = t.elapsed().as_secs_f64() / 16.0 * 1e6;
-            let gflops = gbs * 2.0 * (out * inp) as f64 / mats[0].bytes() as f64;
+            let gflops = gbs * 2.0 * (out * inp) as f64 / m.bytes() as f64;
             println!(
-                "{format:<7} {:<34} {:>11.1} {gbs:>9.2} {gflops:>9.2} {mem:>9.2} {:>6.0}% {prepare_us:>11.1}",
+                "{format:<7} {:<34} {:>11.1} {gbs:>9.2} {gflops:>9.2} {mem:>9.2} {:>6.0}% {all_cores:>11.2} {:>7.2} {prepare_us:>11.1}",
                 format!("{label} {out}x{inp}"),
-                mats[0].bytes() as f64 / (1 << 20) as f64,
-                100.0 * gbs / mem
+                m.bytes() as f64 / (1 << 20) as f64,
+                100.0 * gbs / mem,
+                all_cores / mem
             );
         }
     }

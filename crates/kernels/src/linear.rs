@@ -164,7 +164,7 @@ fn u16s(bytes: &[u8]) -> Vec<u16> {
 /// An activation rearranged once for the fast kernels of a format (shared by every row).
 pub enum Prepared {
     None,
-    Fp8(Vec<f32>),
+    Fp8(fp8::Fp8Act),
     Int4(Option<intdot::IntAct>),
     Mxfp4(Option<intdot::IntAct>),
 }
@@ -245,7 +245,7 @@ impl Linear {
         match &self.data {
             WeightData::Int4 { group, .. } => Prepared::Int4(int4::prepare(x, *group)),
             WeightData::Mxfp4 { .. } => Prepared::Mxfp4(mxfp4::prepare(x)),
-            WeightData::Fp8 { .. } => Prepared::Fp8(fp8::prepare(x)),
+            WeightData::Fp8 { .. } => Prepared::Fp8(fp8::Fp8Act::new(x)),
             _ => Prepared::None,
         }
     }
@@ -266,11 +266,10 @@ impl Linear {
                 let (w, s) = packed_row(packed, scales, n.div_ceil(8), n.div_ceil(*group), r);
                 int4::dot_int4_prepared(w, s, *group, x, p.as_ref())
             }
-            (WeightData::Fp8 { w, scales, block }, Prepared::Fp8(xs)) => {
-                let (a, b) = (r * n, (r + 1) * n);
-                let per_row = n.div_ceil(block.1);
-                let s = (r / block.0) * per_row;
-                fp8::dot_fp8_prepared(&w[a..b], &scales[s..s + per_row], block.1, x, xs)
+            (WeightData::Fp8 { w, scales, block }, Prepared::Fp8(act)) => {
+                let mut y = [0f32];
+                fp8::rows_fp8_prepared(w, scales, *block, x, act, r, &mut y);
+                y[0]
             }
             (WeightData::Mxfp4 { packed, scales }, Prepared::Mxfp4(p)) => {
                 let (w, s) = packed_row(packed, scales, n.div_ceil(2), n.div_ceil(mxfp4::GROUP), r);
@@ -297,6 +296,9 @@ impl Linear {
             ) => return int4::rows_int4_prepared(packed, scales, *group, x, p.as_ref(), rows.start, out),
             (WeightData::Mxfp4 { packed, scales }, Prepared::Mxfp4(p)) => {
                 return mxfp4::rows_mxfp4_prepared(packed, scales, x, p.as_ref(), rows.start, out)
+            }
+            (WeightData::Fp8 { w, scales, block }, Prepared::Fp8(act)) => {
+                return fp8::rows_fp8_prepared(w, scales, *block, x, act, rows.start, out)
             }
             _ => {}
         }

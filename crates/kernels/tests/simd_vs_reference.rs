@@ -65,7 +65,8 @@ fn formats(rng: &mut Rand, out: usize, inp: usize) -> Vec<Linear> {
     let dense = rng.vec(out * inp);
     let bf16: Vec<u16> = dense.iter().map(|v| half::bf16::from_f32(*v).to_bits()).collect();
     let f16: Vec<u16> = dense.iter().map(|v| half::f16::from_f32(*v).to_bits()).collect();
-    let block = (1 + rng.below(8), 1 + rng.below(40));
+    // Column blocks of whole 32s (as real checkpoints' 128) take the scaled-activation kernel.
+    let block = (1 + rng.below(8), [1 + rng.below(40), 32, 64, 128][rng.below(4)]);
     let fp8_codes: Vec<u8> = (0..out * inp)
         .map(|_| loop {
             let b = rng.next() as u8;
@@ -239,7 +240,12 @@ fn avx2_kernels_equal_their_scalar_twins() {
         );
         assert_close(
             &label("fp8 prepared"),
-            fp8::dot_fp8_prepared(&codes, &scales, block, &x, &fp8::prepare(&x)),
+            {
+                let mut y = [0f32];
+                let act = fp8::Fp8Act::new(&x);
+                fp8::rows_fp8_prepared(&codes, &scales, (1, block), &x, &act, 0, &mut y);
+                y[0]
+            },
             fp8::dot_fp8_reference(&codes, &scales, block, &x) as f64,
             2.0 * bound(&dec, &x) + 1e-6,
         );
@@ -405,6 +411,46 @@ fn intdot_kernel_equals_its_scalar_twin() {
                 got,
                 want as f64,
                 1e-5 * mag + 1e-30,
+            );
+        }
+    }
+}
+
+/// One FP8 activation multiplied with two matrices, rows interleaved: each thread's scaled copy
+/// of the activation belongs to one matrix's row block, never to the other's.
+#[test]
+fn one_fp8_activation_serves_two_matrices() {
+    let mut rng = Rand(0xF8F8_0000_2026_1130);
+    let (out, inp): (usize, usize) = (8, 256);
+    let make = |rng: &mut Rand| {
+        let w: Vec<u8> = (0..out * inp).map(|_| rng.next() as u8 & 0x7e).collect();
+        let scales: Vec<f32> = (0..out.div_ceil(4) * inp.div_ceil(128))
+            .map(|_| rng.f32())
+            .collect();
+        Linear::new(
+            out,
+            inp,
+            WeightData::Fp8 {
+                w: w.into(),
+                scales: scales.into(),
+                block: (4, 128),
+            },
+        )
+    };
+    let (a, b) = (make(&mut rng), make(&mut rng));
+    let x = rng.vec(inp);
+    let p = a.prepare(&x);
+    let mut row = vec![0f32; inp];
+    for r in 0..out {
+        for m in [&a, &b] {
+            let mut y = [0f32];
+            m.rows_dot_prepared(r..r + 1, &x, &p, &mut y);
+            m.decode_row(r, &mut row);
+            assert_close(
+                &format!("row {r}"),
+                y[0],
+                exact(&row, &x),
+                2.0 * bound(&row, &x) + 1e-6,
             );
         }
     }
