@@ -221,19 +221,23 @@ pub mod x86 {
     /// `super::scale_activation` into `out` (as long as `xs`), 8 inputs per multiply.
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn scale_activation_avx2(xs: &[f32], scales: &[f32], block: usize, out: &mut [f32]) {
-        assert_eq!(xs.len(), out.len());
-        for ((o, c), s) in out.chunks_mut(block).zip(xs.chunks(block)).zip(scales) {
+        let n = xs.len();
+        assert!(out.len() == n && block > 0 && scales.len() * block >= n);
+        let (x, o) = (xs.as_ptr(), out.as_mut_ptr());
+        let mut start = 0;
+        for s in scales.iter().take(n.div_ceil(block)) {
+            let end = (start + block).min(n);
             let sv = _mm256_set1_ps(*s);
-            let whole = c.len() / 8 * 8;
-            for i in (0..whole).step_by(8) {
-                _mm256_storeu_ps(
-                    o.as_mut_ptr().add(i),
-                    _mm256_mul_ps(_mm256_loadu_ps(c.as_ptr().add(i)), sv),
-                );
+            let mut i = start;
+            while i + 8 <= end {
+                _mm256_storeu_ps(o.add(i), _mm256_mul_ps(_mm256_loadu_ps(x.add(i)), sv));
+                i += 8;
             }
-            for i in whole..c.len() {
-                o[i] = c[i] * s;
+            while i < end {
+                *o.add(i) = *x.add(i) * s;
+                i += 1;
             }
+            start = end;
         }
     }
 
