@@ -15,6 +15,10 @@
 //! memory's stalls and swings behind decoding, however well it prefetches.
 //!
 //! `-- --hot`: "GB/s" is one thread's compute bound instead of the product from memory.
+//!
+//! `-- --tokens N`: prompt-style products instead: each shape's `matmul` of N tokens, each
+//! product on the next copy of the matrix (each weight byte comes from memory once per product,
+//! then from cache for the other tokens), its time per token beside a one-token product's.
 
 use std::time::Instant;
 
@@ -208,9 +212,79 @@ fn hot_rates(format: &str, inp: usize, rng: &mut Rand) -> (f64, f64) {
     (bytes / one / 1e9, threads as f64 * bytes / all / 1e9)
 }
 
+/// Microseconds per token of `matmul` with `n` tokens, each product on the next copy of the
+/// matrix (so its weights come from memory, as a large model's do), the total over
+/// `passes()` x 4 products.
+fn per_token_us(mats: &[Linear], n: usize, rng: &mut Rand) -> f64 {
+    let (inp, out) = (mats[0].in_dim, mats[0].out_dim);
+    let xs: Vec<f32> = (0..n * inp).map(|_| rng.f32()).collect();
+    let mut ys = vec![0f32; n * out];
+    let products = passes() * 4;
+    let t = Instant::now();
+    for i in 0..products {
+        mats[i % mats.len()].matmul(&xs, n, &mut ys);
+        std::hint::black_box(&ys);
+    }
+    t.elapsed().as_secs_f64() / (products * n) as f64 * 1e6
+}
+
+/// `--tokens N`: time per token of an N-token product beside a one-token product's.
+fn prompt_products(filter: Option<&str>, tokens: usize, shapes: &[(&str, usize, usize)]) {
+    println!(
+        "matmul of {tokens} tokens vs 1 token, weights from memory (copies filling {} MiB, {} products each): time per token",
+        budget_bytes() >> 20,
+        passes() * 4
+    );
+    println!(
+        "{:<7} {:<34} {:>11} {:>14} {:>14} {:>8}",
+        "format", "shape (out x in)", "MiB/matrix", "1 token us", "per token us", "speedup"
+    );
+    let mut rng = Rand(0x0dd_ba11_5eed_0001);
+    for format in ["BF16", "FP8", "INT4", "MXFP4", "INT8"] {
+        for &(label, out, inp) in shapes {
+            let name = format!("{format} {label}");
+            if filter.is_some_and(|f| !name.contains(f)) {
+                continue;
+            }
+            let one = make(format, out, inp, &mut rng);
+            let copies = (budget_bytes() / one.bytes()).max(2);
+            let mats: Vec<Linear> = (0..copies).map(|_| one.clone()).collect();
+            let single = per_token_us(&mats, 1, &mut rng);
+            let many = per_token_us(&mats, tokens, &mut rng);
+            println!(
+                "{format:<7} {:<34} {:>11.1} {single:>14.1} {many:>14.1} {:>7.2}x",
+                format!("{label} {out}x{inp}"),
+                one.bytes() as f64 / (1 << 20) as f64,
+                single / many
+            );
+        }
+    }
+}
+
 fn main() {
-    let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let tokens: Option<usize> = args
+        .iter()
+        .position(|a| a == "--tokens")
+        .map(|i| args.get(i + 1).and_then(|v| v.parse().ok()).expect("--tokens N"));
+    let filter: Option<String> = args
+        .iter()
+        .enumerate()
+        .find(|(i, a)| !a.starts_with('-') && (*i == 0 || args[i - 1] != "--tokens"))
+        .map(|(_, a)| a.clone());
     let hot = std::env::args().any(|a| a == "--hot");
+    let shapes: &[(&str, usize, usize)] = &[
+        ("Kimi K2 expert gate/up", 2048, 7168),
+        ("Kimi K2 expert down", 7168, 2048),
+        ("DeepSeek-V3 q_b_proj", 24576, 1536),
+        ("DeepSeek-V3 kv_a_proj_with_mqa", 576, 7168),
+        ("DeepSeek-V3 o_proj", 7168, 16384),
+        ("Kimi K3 expert w1/w3 (latent 3584)", 3072, 3584),
+        ("Kimi K3 expert w2 (latent 3584)", 3584, 3072),
+    ];
+    if let Some(n) = tokens {
+        return prompt_products(filter.as_deref(), n, shapes);
+    }
     let threads = rayon::current_num_threads();
     let stream: Vec<f32> = (0..budget_bytes().max(512 << 20) / 4)
         .map(|i| (i % 251) as f32)
@@ -244,15 +318,6 @@ fn main() {
         "/ mem",
         "prepare us"
     );
-    let shapes: &[(&str, usize, usize)] = &[
-        ("Kimi K2 expert gate/up", 2048, 7168),
-        ("Kimi K2 expert down", 7168, 2048),
-        ("DeepSeek-V3 q_b_proj", 24576, 1536),
-        ("DeepSeek-V3 kv_a_proj_with_mqa", 576, 7168),
-        ("DeepSeek-V3 o_proj", 7168, 16384),
-        ("Kimi K3 expert w1/w3 (latent 3584)", 3072, 3584),
-        ("Kimi K3 expert w2 (latent 3584)", 3584, 3072),
-    ];
     let mut rng = Rand(0x1234_5678_9ABC_DEF1);
     for format in ["BF16", "FP8", "INT4", "MXFP4", "INT8"] {
         for &(label, out, inp) in shapes {
