@@ -117,12 +117,30 @@ pub fn rows_int4_prepared(
     first: usize,
     out: &mut [f32],
 ) {
-    let (words, groups) = (x.len().div_ceil(8), x.len().div_ceil(group));
-    let rows = first..first + out.len();
+    rows_int4_tokens(packed, scales, group, &[x], &[p], first, out)
+}
+
+/// [`rows_int4_prepared`] for several tokens at once (`xs[t]` prepared as `ps[t]`):
+/// `out[i * T + t]` gets row `first + i` times token t, the same value as a one-token call
+/// gives. The SIMD kernel unpacks each weight block once for up to four tokens.
+pub fn rows_int4_tokens(
+    packed: &[u32],
+    scales: &[u16],
+    group: usize,
+    xs: &[&[f32]],
+    ps: &[Option<&IntAct>],
+    first: usize,
+    out: &mut [f32],
+) {
+    let tokens = xs.len();
+    assert!(tokens > 0 && ps.len() == tokens && out.len().is_multiple_of(tokens));
+    let n = xs[0].len();
+    let (words, groups) = (n.div_ceil(8), n.div_ceil(group));
+    let rows = first..first + out.len() / tokens;
     let packed = &packed[rows.start * words..rows.end * words];
     let scales = &scales[rows.start * groups..rows.end * groups];
     #[cfg(target_arch = "x86_64")]
-    if let Some(a) = p {
+    if let Some(acts) = ps.iter().copied().collect::<Option<Vec<&IntAct>>>() {
         if crate::dot::has_avx2_fma_f16c() {
             // SAFETY: u32 words are little-endian bytes on x86; the byte view covers the same memory.
             let bytes = unsafe { std::slice::from_raw_parts(packed.as_ptr() as *const u8, packed.len() * 4) };
@@ -132,20 +150,25 @@ pub fn rows_int4_prepared(
                 intdot::x86::Scales::Bf16Wide(scales, group.trailing_zeros())
             };
             // SAFETY: avx2 and fma were detected.
-            unsafe { intdot::x86::dot_rows_avx2(bytes, words * 4, s, groups, None, a, out) };
-            intdot::add_tails(out, a, x.len(), |i, j| {
-                int4_at(&packed[i * words..], j) as f32 * x[j] * bf16_to_f32(scales[i * groups + j / group])
-            });
+            unsafe { intdot::x86::dot_rows_avx2(bytes, words * 4, s, groups, None, &acts, out) };
+            for (t, (a, x)) in acts.iter().zip(xs).enumerate() {
+                intdot::add_tails(out, tokens, t, a, n, |i, j| {
+                    int4_at(&packed[i * words..], j) as f32
+                        * x[j]
+                        * bf16_to_f32(scales[i * groups + j / group])
+                });
+            }
             return;
         }
     }
-    let _ = p;
-    for (i, o) in out.iter_mut().enumerate() {
+    for (i, row_out) in out.chunks_exact_mut(tokens).enumerate() {
         let (w, s) = (
             &packed[i * words..(i + 1) * words],
             &scales[i * groups..(i + 1) * groups],
         );
-        *o = dot_int4_reference(w, s, group, x);
+        for (o, x) in row_out.iter_mut().zip(xs) {
+            *o = dot_int4_reference(w, s, group, x);
+        }
     }
 }
 

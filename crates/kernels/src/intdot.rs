@@ -155,13 +155,21 @@ pub fn prepare_reference(x: &[f32], offset: i32, factor: f32) -> IntAct {
     a
 }
 
-/// Adds to each row's sum over the whole blocks of `a` its inputs past them (`blocks * 64..n`):
-/// `term(row, j)` is input j's product; summed apart, then added, as a one-row call does.
-pub fn add_tails(out: &mut [f32], a: &IntAct, n: usize, term: impl Fn(usize, usize) -> f32) {
+/// Adds to each row's sum over the whole blocks of `a` its inputs past them (`blocks * 64..n`),
+/// for token `t` of `tokens` (`out[i * tokens + t]` is row i's): `term(row, j)` is input j's
+/// product; summed apart, then added, as a one-row call does.
+pub fn add_tails(
+    out: &mut [f32],
+    tokens: usize,
+    t: usize,
+    a: &IntAct,
+    n: usize,
+    term: impl Fn(usize, usize) -> f32,
+) {
     let blocked = a.blocks.len() * BLOCK;
     assert!(blocked <= n);
     if blocked < n {
-        for (i, o) in out.iter_mut().enumerate() {
+        for (i, o) in out.iter_mut().skip(t).step_by(tokens).enumerate() {
             *o += (blocked..n).map(|j| term(i, j)).fold(0f32, |s, t| s + t);
         }
     }
@@ -365,16 +373,20 @@ pub mod x86 {
             Scales::Bf16Group32(s) | Scales::Bf16Wide(s, _) => s.len(),
             Scales::E8m0(s) => s.len(),
         };
-        dot_rows_avx2(packed, a.blocks.len() * 32, scales, per_row, lut, a, &mut out);
+        dot_rows_avx2(packed, a.blocks.len() * 32, scales, per_row, lut, &[a], &mut out);
         out[0]
     }
 
-    /// [`dot_avx2`] for `out.len()` rows: row i's packed bytes start at `i * row_bytes` and its
-    /// scales `i * scales_per_row` scales into `scales`. One call for a run of rows keeps the
-    /// per-row work (checks, dispatch) out of the loop.
+    /// [`dot_avx2`] for a run of rows and one or more tokens: row i's packed bytes start at
+    /// `i * row_bytes` and its scales `i * scales_per_row` scales into `scales`; `out[i * T + t]`
+    /// (T = `acts.len()`, all of the same length) is row i times token t. Each weight block is
+    /// unpacked once for up to four tokens, and each token's sum takes exactly the steps of a
+    /// one-token call (batch invariance). One call for a run of rows keeps the per-row work
+    /// (checks, dispatch) out of the loop.
     ///
     /// # Safety
     /// The CPU must have AVX2 and FMA.
+    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn dot_rows_avx2(
         packed: &[u8],
@@ -382,23 +394,36 @@ pub mod x86 {
         scales: Scales,
         scales_per_row: usize,
         lut: Option<&[u8; 16]>,
-        a: &IntAct,
+        acts: &[&IntAct],
         out: &mut [f32],
     ) {
-        let (blocks, rows) = (a.blocks.len(), out.len());
+        let tokens = acts.len();
+        assert!(tokens > 0 && out.len().is_multiple_of(tokens));
+        let (blocks, rows) = (acts[0].blocks.len(), out.len() / tokens);
+        assert!(acts.iter().all(|a| a.blocks.len() == blocks));
         assert!(
             row_bytes >= blocks * 32 && (rows == 0 || packed.len() >= (rows - 1) * row_bytes + blocks * 32)
         );
         let (kind, shift, sp, scale_row) = scales.raw(blocks, rows, scales_per_row);
         let p = packed.as_ptr();
-        match (lut, kind) {
-            (None, 0) => rows_of::<false, 0>(p, row_bytes, sp, scale_row, shift, &[0; 16], a, out),
-            (None, 1) => rows_of::<false, 1>(p, row_bytes, sp, scale_row, shift, &[0; 16], a, out),
-            (None, _) => rows_of::<false, 2>(p, row_bytes, sp, scale_row, shift, &[0; 16], a, out),
-            (Some(l), 0) => rows_of::<true, 0>(p, row_bytes, sp, scale_row, shift, l, a, out),
-            (Some(l), 1) => rows_of::<true, 1>(p, row_bytes, sp, scale_row, shift, l, a, out),
-            (Some(l), _) => rows_of::<true, 2>(p, row_bytes, sp, scale_row, shift, l, a, out),
-        }
+        let rows_of = match (lut.is_some(), kind) {
+            (false, 0) => rows_of::<false, 0>,
+            (false, 1) => rows_of::<false, 1>,
+            (false, _) => rows_of::<false, 2>,
+            (true, 0) => rows_of::<true, 0>,
+            (true, 1) => rows_of::<true, 1>,
+            (true, _) => rows_of::<true, 2>,
+        };
+        rows_of(
+            p,
+            row_bytes,
+            sp,
+            scale_row,
+            shift,
+            lut.unwrap_or(&[0; 16]),
+            acts,
+            out,
+        );
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -410,17 +435,37 @@ pub mod x86 {
         scale_row: usize,
         shift: u32,
         lut: &[u8; 16],
-        a: &IntAct,
+        acts: &[&IntAct],
         out: &mut [f32],
     ) {
-        for (i, o) in out.iter_mut().enumerate() {
-            *o = run::<LUT, SCALE>(
-                packed.add(i * row_bytes),
-                scales.add(i * scale_row),
-                shift,
-                lut,
-                a,
-            );
+        let tokens = acts.len();
+        for (i, row_out) in out.chunks_exact_mut(tokens).enumerate() {
+            let (p, s) = (packed.add(i * row_bytes), scales.add(i * scale_row));
+            // The row's bytes stay in cache from one group of tokens to the next.
+            let mut t = 0;
+            while t < tokens {
+                let group = &acts[t..(t + 4).min(tokens)];
+                let o = &mut row_out[t..t + group.len()];
+                match group.len() {
+                    1 => o.copy_from_slice(&run::<LUT, SCALE, 1>(p, s, shift, lut, [group[0]])),
+                    2 => o.copy_from_slice(&run::<LUT, SCALE, 2>(p, s, shift, lut, [group[0], group[1]])),
+                    3 => o.copy_from_slice(&run::<LUT, SCALE, 3>(
+                        p,
+                        s,
+                        shift,
+                        lut,
+                        [group[0], group[1], group[2]],
+                    )),
+                    _ => o.copy_from_slice(&run::<LUT, SCALE, 4>(
+                        p,
+                        s,
+                        shift,
+                        lut,
+                        [group[0], group[1], group[2], group[3]],
+                    )),
+                }
+                t += group.len();
+            }
         }
     }
 
@@ -510,10 +555,19 @@ pub mod x86 {
         }
     }
 
-    /// A block's 8 lanes before the weights' scales: step x (integer sums) + offset.
+    /// A block's 64 weights as the products need them: `even` and `odd` (each weight's
+    /// unsigned byte; 16-bit lane j holds inputs 4j (low byte of `even`), 4j + 1 (of `odd`),
+    /// 4j + 2 and 4j + 3 (their high bytes)), and the four vectors with one weight per 16-bit
+    /// lane moved into the high byte, so that each weight times q counts 1/256 steps.
+    struct Weights {
+        even: __m256i,
+        odd: __m256i,
+        high: [__m256i; 4],
+    }
+
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn block_sum<const LUT: bool>(packed: *const u8, lut: __m256i, blk: &ActBlock) -> __m256 {
+    unsafe fn unpack<const LUT: bool>(packed: *const u8, lut: __m256i) -> Weights {
         let low = _mm256_set1_epi8(0x0f);
         let v = _mm256_loadu_si256(packed as *const __m256i);
         let mut even = _mm256_and_si256(v, low);
@@ -522,20 +576,34 @@ pub mod x86 {
             even = _mm256_shuffle_epi8(lut, even);
             odd = _mm256_shuffle_epi8(lut, odd);
         }
-        // 16-bit lane j holds inputs 4j (low byte of `even`), 4j + 1 (of `odd`), 4j + 2 and
-        // 4j + 3 (their high bytes). Moved into the high byte, each weight times q counts 1/256
-        // steps. Per 32-bit lane: 8 products of at most 24 x 256 x 32513, plus the rests' 8 of
-        // 24 x 128, < 2^31.
         let high = _mm256_set1_epi16(0xff00u16 as i16);
+        Weights {
+            even,
+            odd,
+            high: [
+                _mm256_slli_epi16(even, 8),
+                _mm256_slli_epi16(odd, 8),
+                _mm256_and_si256(even, high),
+                _mm256_and_si256(odd, high),
+            ],
+        }
+    }
+
+    /// A block's 8 lanes before the weights' scales: step x (integer sums) + offset.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn block_sum(w: &Weights, blk: &ActBlock) -> __m256 {
+        // Per 32-bit lane: 8 products of at most 24 x 256 x 32513, plus the rests' 8 of
+        // 24 x 128, < 2^31.
         let q = blk.q.as_ptr() as *const __m256i;
-        let p0 = _mm256_madd_epi16(_mm256_slli_epi16(even, 8), _mm256_load_si256(q));
-        let p1 = _mm256_madd_epi16(_mm256_slli_epi16(odd, 8), _mm256_load_si256(q.add(1)));
-        let p2 = _mm256_madd_epi16(_mm256_and_si256(even, high), _mm256_load_si256(q.add(2)));
-        let p3 = _mm256_madd_epi16(_mm256_and_si256(odd, high), _mm256_load_si256(q.add(3)));
+        let p0 = _mm256_madd_epi16(w.high[0], _mm256_load_si256(q));
+        let p1 = _mm256_madd_epi16(w.high[1], _mm256_load_si256(q.add(1)));
+        let p2 = _mm256_madd_epi16(w.high[2], _mm256_load_si256(q.add(2)));
+        let p3 = _mm256_madd_epi16(w.high[3], _mm256_load_si256(q.add(3)));
         let r = blk.r.as_ptr() as *const __m256i;
         let rest = _mm256_add_epi16(
-            _mm256_maddubs_epi16(even, _mm256_load_si256(r)),
-            _mm256_maddubs_epi16(odd, _mm256_load_si256(r.add(1))),
+            _mm256_maddubs_epi16(w.even, _mm256_load_si256(r)),
+            _mm256_maddubs_epi16(w.odd, _mm256_load_si256(r.add(1))),
         );
         let units = _mm256_add_epi32(
             _mm256_add_epi32(_mm256_add_epi32(p0, p1), _mm256_add_epi32(p2, p3)),
@@ -548,39 +616,49 @@ pub mod x86 {
         )
     }
 
+    /// One row times N tokens: per token the same steps, in the same order, as for one.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn run<const LUT: bool, const SCALE: u8>(
+    unsafe fn run<const LUT: bool, const SCALE: u8, const N: usize>(
         packed: *const u8,
         scales: *const u8,
         shift: u32,
         lut: &[u8; 16],
-        a: &IntAct,
-    ) -> f32 {
+        acts: [&IntAct; N],
+    ) -> [f32; N] {
         let lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(lut.as_ptr() as *const __m128i));
         // The scales are a second stream beside the weights: prefetched as many blocks ahead.
         let scale_bytes = if SCALE == 0 { 4 } else { 2 };
         let scales_ahead = scale_bytes * crate::dot::PREFETCH_AHEAD / 32;
-        let blocks = &a.blocks;
-        // Two blocks per step into two accumulators: the FMA chains never wait on each other.
-        let (mut t0, mut t1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let blocks = acts[0].blocks.len();
+        let act: [*const ActBlock; N] = std::array::from_fn(|k| acts[k].blocks.as_ptr());
+        // Two blocks per step into two accumulators per token: the FMA chains never wait on
+        // each other.
+        let (mut t0, mut t1) = ([_mm256_setzero_ps(); N], [_mm256_setzero_ps(); N]);
         let mut b = 0;
-        while b + 2 <= blocks.len() {
+        while b + 2 <= blocks {
             crate::dot::x86::prefetch(packed.wrapping_add(32 * b));
             if (scale_bytes * b).is_multiple_of(64) {
                 _mm_prefetch::<_MM_HINT_T0>(scales.wrapping_add(scale_bytes * b + scales_ahead) as *const i8);
             }
             let (c0, c1) = pair_scales::<SCALE>(scales, shift, b);
-            let s0 = block_sum::<LUT>(packed.add(32 * b), lut, &blocks[b]);
-            let s1 = block_sum::<LUT>(packed.add(32 * (b + 1)), lut, &blocks[b + 1]);
-            t0 = _mm256_fmadd_ps(s0, c0, t0);
-            t1 = _mm256_fmadd_ps(s1, c1, t1);
+            let w0 = unpack::<LUT>(packed.add(32 * b), lut);
+            for k in 0..N {
+                t0[k] = _mm256_fmadd_ps(block_sum(&w0, &*act[k].add(b)), c0, t0[k]);
+            }
+            let w1 = unpack::<LUT>(packed.add(32 * (b + 1)), lut);
+            for k in 0..N {
+                t1[k] = _mm256_fmadd_ps(block_sum(&w1, &*act[k].add(b + 1)), c1, t1[k]);
+            }
             b += 2;
         }
-        if b < blocks.len() {
-            let s0 = block_sum::<LUT>(packed.add(32 * b), lut, &blocks[b]);
-            t0 = _mm256_fmadd_ps(s0, block_scales::<SCALE>(scales, shift, b), t0);
+        if b < blocks {
+            let w = unpack::<LUT>(packed.add(32 * b), lut);
+            let c = block_scales::<SCALE>(scales, shift, b);
+            for k in 0..N {
+                t0[k] = _mm256_fmadd_ps(block_sum(&w, &*act[k].add(b)), c, t0[k]);
+            }
         }
-        crate::dot::hsum256(_mm256_add_ps(t0, t1))
+        std::array::from_fn(|k| crate::dot::hsum256(_mm256_add_ps(t0[k], t1[k])))
     }
 }

@@ -307,6 +307,54 @@ impl Linear {
         }
     }
 
+    /// `out[i * T + t] = row_dot_prepared(rows.start + i, x_t, prepared[t])` for the T tokens of
+    /// `xs` (T, in), the same values bit for bit. The 4-bit formats unpack each weight once for
+    /// several tokens; the others take the tokens one after the other.
+    pub fn rows_dot_prepared_tokens(
+        &self,
+        rows: std::ops::Range<usize>,
+        xs: &[f32],
+        prepared: &[Prepared],
+        out: &mut [f32],
+    ) {
+        let tokens = prepared.len();
+        assert!(xs.len() == tokens * self.in_dim && out.len() == rows.len() * tokens);
+        let x_of: Vec<&[f32]> = xs.chunks_exact(self.in_dim).collect();
+        let int_acts = |want_int4: bool| -> Option<Vec<Option<&intdot::IntAct>>> {
+            prepared
+                .iter()
+                .map(|p| match (p, want_int4) {
+                    (Prepared::Int4(a), true) | (Prepared::Mxfp4(a), false) => Some(a.as_ref()),
+                    _ => None,
+                })
+                .collect()
+        };
+        match &self.data {
+            WeightData::Int4 {
+                packed,
+                scales,
+                group,
+            } => {
+                if let Some(ps) = int_acts(true) {
+                    return int4::rows_int4_tokens(packed, scales, *group, &x_of, &ps, rows.start, out);
+                }
+            }
+            WeightData::Mxfp4 { packed, scales } => {
+                if let Some(ps) = int_acts(false) {
+                    return mxfp4::rows_mxfp4_tokens(packed, scales, &x_of, &ps, rows.start, out);
+                }
+            }
+            _ => {}
+        }
+        let mut y = vec![0f32; rows.len()];
+        for (t, (x, p)) in x_of.iter().zip(prepared).enumerate() {
+            self.rows_dot_prepared(rows.clone(), x, p, &mut y);
+            for (i, v) in y.iter().enumerate() {
+                out[i * tokens + t] = *v;
+            }
+        }
+    }
+
     /// W (out,in) @ x (in,) -> y (out,)
     pub fn matvec(&self, x: &[f32], y: &mut [f32]) {
         self.matmul(x, 1, y);
@@ -340,14 +388,7 @@ impl Linear {
             .enumerate()
             .for_each(|(b, out)| {
                 let r0 = b * ROWS_PER_TASK;
-                let rows = r0..r0 + out.len() / n_tokens;
-                let mut y = vec![0f32; rows.len()];
-                for t in 0..n_tokens {
-                    self.rows_dot_prepared(rows.clone(), &xs[t * n..(t + 1) * n], &prepared[t], &mut y);
-                    for (i, v) in y.iter().enumerate() {
-                        out[i * n_tokens + t] = *v;
-                    }
-                }
+                self.rows_dot_prepared_tokens(r0..r0 + out.len() / n_tokens, xs, &prepared, out);
             });
         for (r, row_out) in by_row.chunks_exact(n_tokens).enumerate() {
             for (t, v) in row_out.iter().enumerate() {

@@ -144,31 +144,51 @@ pub fn rows_mxfp4_prepared(
     first: usize,
     out: &mut [f32],
 ) {
-    let (bytes, groups) = (x.len().div_ceil(2), x.len().div_ceil(GROUP));
-    let rows = first..first + out.len();
+    rows_mxfp4_tokens(packed, scales, &[x], &[p], first, out)
+}
+
+/// [`rows_mxfp4_prepared`] for several tokens at once (`xs[t]` prepared as `ps[t]`):
+/// `out[i * T + t]` gets row `first + i` times token t, the same value as a one-token call
+/// gives. The SIMD kernel unpacks each weight block once for up to four tokens.
+pub fn rows_mxfp4_tokens(
+    packed: &[u8],
+    scales: &[u8],
+    xs: &[&[f32]],
+    ps: &[Option<&IntAct>],
+    first: usize,
+    out: &mut [f32],
+) {
+    let tokens = xs.len();
+    assert!(tokens > 0 && ps.len() == tokens && out.len().is_multiple_of(tokens));
+    let n = xs[0].len();
+    let (bytes, groups) = (n.div_ceil(2), n.div_ceil(GROUP));
+    let rows = first..first + out.len() / tokens;
     let packed = &packed[rows.start * bytes..rows.end * bytes];
     let scales = &scales[rows.start * groups..rows.end * groups];
     #[cfg(target_arch = "x86_64")]
-    if let Some(a) = p {
+    if let Some(acts) = ps.iter().copied().collect::<Option<Vec<&IntAct>>>() {
         if crate::dot::has_avx2_fma_f16c() {
             let s = intdot::x86::Scales::E8m0(scales);
             // SAFETY: avx2 and fma were detected.
-            unsafe { intdot::x86::dot_rows_avx2(packed, bytes, s, groups, Some(&INTDOT_LUT), a, out) };
-            intdot::add_tails(out, a, x.len(), |i, j| {
-                E2M1[code_at(&packed[i * bytes..], j) as usize]
-                    * x[j]
-                    * e8m0_to_f32(scales[i * groups + j / GROUP])
-            });
+            unsafe { intdot::x86::dot_rows_avx2(packed, bytes, s, groups, Some(&INTDOT_LUT), &acts, out) };
+            for (t, (a, x)) in acts.iter().zip(xs).enumerate() {
+                intdot::add_tails(out, tokens, t, a, n, |i, j| {
+                    E2M1[code_at(&packed[i * bytes..], j) as usize]
+                        * x[j]
+                        * e8m0_to_f32(scales[i * groups + j / GROUP])
+                });
+            }
             return;
         }
     }
-    let _ = p;
-    for (i, o) in out.iter_mut().enumerate() {
+    for (i, row_out) in out.chunks_exact_mut(tokens).enumerate() {
         let (w, s) = (
             &packed[i * bytes..(i + 1) * bytes],
             &scales[i * groups..(i + 1) * groups],
         );
-        *o = dot_mxfp4_reference(w, s, x);
+        for (o, x) in row_out.iter_mut().zip(xs) {
+            *o = dot_mxfp4_reference(w, s, x);
+        }
     }
 }
 

@@ -455,3 +455,46 @@ fn one_fp8_activation_serves_two_matrices() {
         }
     }
 }
+
+/// Several tokens through one matrix give each token, bit for bit, what it gets alone (batch
+/// invariance), in every format: the rows-and-tokens call (which the 4-bit kernels run for up
+/// to four tokens per pass over a row) and `matmul` against one-token products.
+#[test]
+fn several_tokens_equal_each_token_alone_in_every_format() {
+    let mut rng = Rand(0x0704_34E5_2026_1130);
+    for case in 0..24 {
+        let out = 1 + rng.below(40);
+        let inp = [64, 100, 128, 130, 257, 700][rng.below(6)];
+        let tokens = 1 + rng.below(9);
+        let xs = rng.vec(tokens * inp);
+        for lin in formats(&mut rng, out, inp) {
+            let name = format!(
+                "case {case} {} ({out}x{inp}, {tokens} tokens)",
+                lin.data.format_name()
+            );
+            let prepared: Vec<_> = xs.chunks_exact(inp).map(|x| lin.prepare(x)).collect();
+            let mut together = vec![0f32; out * tokens];
+            lin.rows_dot_prepared_tokens(0..out, &xs, &prepared, &mut together);
+            let mut product = vec![0f32; out * tokens];
+            lin.matmul(&xs, tokens, &mut product);
+            for (t, x) in xs.chunks_exact(inp).enumerate() {
+                let mut alone = vec![0f32; out];
+                lin.rows_dot_prepared(0..out, x, &prepared[t], &mut alone);
+                let mut single = vec![0f32; out];
+                lin.matvec(x, &mut single);
+                for r in 0..out {
+                    assert_eq!(
+                        together[r * tokens + t].to_bits(),
+                        alone[r].to_bits(),
+                        "{name}: row {r} token {t}"
+                    );
+                    assert_eq!(
+                        product[t * out + r].to_bits(),
+                        single[r].to_bits(),
+                        "{name}: matmul row {r} token {t}"
+                    );
+                }
+            }
+        }
+    }
+}
