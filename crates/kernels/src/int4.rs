@@ -132,11 +132,8 @@ pub fn rows_int4_tokens(
     first: usize,
     out: &mut [f32],
 ) {
-    let tokens = xs.len();
-    assert!(tokens > 0 && ps.len() == tokens && out.len().is_multiple_of(tokens));
-    let n = xs[0].len();
+    let (tokens, n, rows) = intdot::token_rows(xs, ps, first, out);
     let (words, groups) = (n.div_ceil(8), n.div_ceil(group));
-    let rows = first..first + out.len() / tokens;
     let packed = &packed[rows.start * words..rows.end * words];
     let scales = &scales[rows.start * groups..rows.end * groups];
     #[cfg(target_arch = "x86_64")]

@@ -155,6 +155,20 @@ pub fn prepare_reference(x: &[f32], offset: i32, factor: f32) -> IntAct {
     a
 }
 
+/// Checks a call for several tokens (`xs[t]` prepared as `ps[t]`, `out` rows x tokens) and
+/// gives (tokens, inputs, the rows it covers from `first`).
+pub fn token_rows(
+    xs: &[&[f32]],
+    ps: &[Option<&IntAct>],
+    first: usize,
+    out: &[f32],
+) -> (usize, usize, std::ops::Range<usize>) {
+    let tokens = xs.len();
+    assert!(tokens > 0 && ps.len() == tokens && out.len().is_multiple_of(tokens));
+    assert!(xs.iter().all(|x| x.len() == xs[0].len()));
+    (tokens, xs[0].len(), first..first + out.len() / tokens)
+}
+
 /// Adds to each row's sum over the whole blocks of `a` its inputs past them (`blocks * 64..n`),
 /// for token `t` of `tokens` (`out[i * tokens + t]` is row i's): `term(row, j)` is input j's
 /// product; summed apart, then added, as a one-row call does.

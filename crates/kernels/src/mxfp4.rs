@@ -158,11 +158,8 @@ pub fn rows_mxfp4_tokens(
     first: usize,
     out: &mut [f32],
 ) {
-    let tokens = xs.len();
-    assert!(tokens > 0 && ps.len() == tokens && out.len().is_multiple_of(tokens));
-    let n = xs[0].len();
+    let (tokens, n, rows) = intdot::token_rows(xs, ps, first, out);
     let (bytes, groups) = (n.div_ceil(2), n.div_ceil(GROUP));
-    let rows = first..first + out.len() / tokens;
     let packed = &packed[rows.start * bytes..rows.end * bytes];
     let scales = &scales[rows.start * groups..rows.end * groups];
     #[cfg(target_arch = "x86_64")]
