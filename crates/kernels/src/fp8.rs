@@ -397,6 +397,38 @@ thread_local! {
         const { std::cell::RefCell::new((Vec::new(), 0)) };
 }
 
+/// The slot holding `act` scaled by `scales` (one row block's), scaling it into a free slot, or
+/// else the one after `next`, when none does.
+#[cfg(target_arch = "x86_64")]
+fn scaled_slot(
+    slots: &mut Vec<ScaledSlot>,
+    next: &mut usize,
+    act: &Fp8Act,
+    scales: &[f32],
+    block: usize,
+) -> usize {
+    if let Some(found) = slots.iter().position(|k| k.act == act.id && k.scales == scales) {
+        return found;
+    }
+    let fresh = if slots.len() < SCALED_SLOTS {
+        slots.push(ScaledSlot {
+            act: u64::MAX,
+            scales: Vec::new(),
+            values: Vec::new(),
+        });
+        slots.len() - 1
+    } else {
+        *next = (*next + 1) % SCALED_SLOTS;
+        *next
+    };
+    let k = &mut slots[fresh];
+    scale_activation(&act.xs, scales, block, &mut k.values);
+    k.act = act.id;
+    k.scales.clear();
+    k.scales.extend_from_slice(scales);
+    fresh
+}
+
 /// `out[i]` = row `r0 + i` of the (out, in) matrix `w` (`block` (bo, bi) scales in `scales`)
 /// times x, with `act` made from x. The activation is scaled by the block scales of the rows'
 /// row block (once per thread, row block and activation, into buffers the thread keeps for the
@@ -423,29 +455,7 @@ pub fn rows_fp8_prepared(
                 let r = r0 + i;
                 if r / block.0 != slot_rb {
                     slot_rb = r / block.0;
-                    let s = row_scales(slot_rb);
-                    slot = match slots.iter().position(|k| k.act == act.id && k.scales == s) {
-                        Some(found) => found,
-                        None => {
-                            let fresh = if slots.len() < SCALED_SLOTS {
-                                slots.push(ScaledSlot {
-                                    act: u64::MAX,
-                                    scales: Vec::new(),
-                                    values: Vec::new(),
-                                });
-                                slots.len() - 1
-                            } else {
-                                *next = (*next + 1) % SCALED_SLOTS;
-                                *next
-                            };
-                            let k = &mut slots[fresh];
-                            scale_activation(&act.xs, s, block.1, &mut k.values);
-                            k.act = act.id;
-                            k.scales.clear();
-                            k.scales.extend_from_slice(s);
-                            fresh
-                        }
-                    };
+                    slot = scaled_slot(slots, next, act, row_scales(slot_rb), block.1);
                 }
                 // SAFETY: `scaled_path` saw avx2 and fma.
                 *o = unsafe { x86::dot_fp8_scaled_avx2(&w[r * n..(r + 1) * n], &slots[slot].values) };
