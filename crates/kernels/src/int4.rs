@@ -137,8 +137,8 @@ pub fn rows_int4_tokens(
     let packed = &packed[rows.start * words..rows.end * words];
     let scales = &scales[rows.start * groups..rows.end * groups];
     #[cfg(target_arch = "x86_64")]
-    if let Some(acts) = ps.iter().copied().collect::<Option<Vec<&IntAct>>>() {
-        if crate::dot::has_avx2_fma_f16c() {
+    if crate::dot::has_avx2_fma_f16c() {
+        let fast = intdot::with_acts(ps, |acts| {
             // SAFETY: u32 words are little-endian bytes on x86; the byte view covers the same memory.
             let bytes = unsafe { std::slice::from_raw_parts(packed.as_ptr() as *const u8, packed.len() * 4) };
             let s = if group == 32 {
@@ -147,7 +147,7 @@ pub fn rows_int4_tokens(
                 intdot::x86::Scales::Bf16Wide(scales, group.trailing_zeros())
             };
             // SAFETY: avx2 and fma were detected.
-            unsafe { intdot::x86::dot_rows_avx2(bytes, words * 4, s, groups, None, &acts, out) };
+            unsafe { intdot::x86::dot_rows_avx2(bytes, words * 4, s, groups, None, acts, out) };
             for (t, (a, x)) in acts.iter().zip(xs).enumerate() {
                 intdot::add_tails(out, tokens, t, a, n, |i, j| {
                     int4_at(&packed[i * words..], j) as f32
@@ -155,6 +155,8 @@ pub fn rows_int4_tokens(
                         * bf16_to_f32(scales[i * groups + j / group])
                 });
             }
+        });
+        if fast.is_some() {
             return;
         }
     }

@@ -169,6 +169,16 @@ pub fn token_rows(
     (tokens, xs[0].len(), first..first + out.len() / tokens)
 }
 
+/// Runs `f` on every token's prepared activation when all tokens have one (one token needs no
+/// allocation: that is the decode path).
+pub fn with_acts<R>(ps: &[Option<&IntAct>], f: impl FnOnce(&[&IntAct]) -> R) -> Option<R> {
+    if let [Some(a)] = ps {
+        return Some(f(&[*a]));
+    }
+    let acts: Option<Vec<&IntAct>> = ps.iter().copied().collect();
+    acts.map(|a| f(&a))
+}
+
 /// Adds to each row's sum over the whole blocks of `a` its inputs past them (`blocks * 64..n`),
 /// for token `t` of `tokens` (`out[i * tokens + t]` is row i's): `term(row, j)` is input j's
 /// product; summed apart, then added, as a one-row call does.
@@ -400,7 +410,6 @@ pub mod x86 {
     ///
     /// # Safety
     /// The CPU must have AVX2 and FMA.
-    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn dot_rows_avx2(
         packed: &[u8],
@@ -462,21 +471,15 @@ pub mod x86 {
                 let o = &mut row_out[t..t + group.len()];
                 match group.len() {
                     1 => o.copy_from_slice(&run::<LUT, SCALE, 1>(p, s, shift, lut, [group[0]])),
-                    2 => o.copy_from_slice(&run::<LUT, SCALE, 2>(p, s, shift, lut, [group[0], group[1]])),
-                    3 => o.copy_from_slice(&run::<LUT, SCALE, 3>(
-                        p,
-                        s,
-                        shift,
-                        lut,
-                        [group[0], group[1], group[2]],
-                    )),
-                    _ => o.copy_from_slice(&run::<LUT, SCALE, 4>(
-                        p,
-                        s,
-                        shift,
-                        lut,
-                        [group[0], group[1], group[2], group[3]],
-                    )),
+                    2 => {
+                        o.copy_from_slice(&run::<LUT, SCALE, 2>(p, s, shift, lut, group.try_into().unwrap()))
+                    }
+                    3 => {
+                        o.copy_from_slice(&run::<LUT, SCALE, 3>(p, s, shift, lut, group.try_into().unwrap()))
+                    }
+                    _ => {
+                        o.copy_from_slice(&run::<LUT, SCALE, 4>(p, s, shift, lut, group.try_into().unwrap()))
+                    }
                 }
                 t += group.len();
             }
