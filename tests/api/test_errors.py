@@ -85,7 +85,7 @@ def test_disconnect_mid_stream_stops_generation(server):
     }).encode()
     s = socket.create_connection(("127.0.0.1", server.port), timeout=30)
     s.sendall(
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
     )
     got = b""

@@ -179,10 +179,11 @@ fn parse_entry(
             end - begin
         )));
     }
-    if data_start + end > file_len {
+    // Checked: an offset near u64::MAX must not wrap around into the file.
+    if data_start.checked_add(end).is_none_or(|e| e > file_len) {
         return Err(bad(format!(
             "data_offsets [{begin}, {end}] run past the end of the file (data section is {} bytes; truncated?)",
-            file_len - data_start
+            file_len.saturating_sub(data_start)
         )));
     }
     Ok(TensorInfo {
@@ -234,5 +235,20 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("past the end"), "{e}");
+    }
+
+    #[test]
+    fn offsets_near_u64_max_are_an_error_not_a_wrapped_range() {
+        let max = u64::MAX;
+        let json = format!(
+            r#"{{"w":{{"dtype":"F32","shape":[2],"data_offsets":[{},{max}]}}}}"#,
+            max - 8
+        );
+        let e = header(&json, 200).unwrap_err().to_string();
+        assert!(e.contains("`w`") && e.contains("past the end"), "{e}");
+        // A huge shape whose byte count overflows.
+        let json = format!(r#"{{"w":{{"dtype":"F32","shape":[{max},{max}],"data_offsets":[0,8]}}}}"#);
+        let e = header(&json, 200).unwrap_err().to_string();
+        assert!(e.contains("`w`") && e.contains("overflows"), "{e}");
     }
 }

@@ -73,6 +73,46 @@ impl KvCache {
             .sum()
     }
 
+    /// Whether some layer keeps a recurrent state (which [`KvCache::truncate`] cannot rewind).
+    pub fn has_recurrent(&self) -> bool {
+        self.layers
+            .iter()
+            .any(|l| !l.recurrent.is_empty() || !l.conv.is_empty())
+    }
+
+    /// Sets aside room for `positions` positions in all, exactly (no doubling past it), so what
+    /// the sequence will hold is allocated once and counted up front.
+    pub fn reserve(&mut self, positions: usize) {
+        for l in &mut self.layers {
+            let more = |v: &Vec<f32>, dim: usize| (positions * dim).saturating_sub(v.len());
+            let (k_more, v_more) = (more(&l.k, l.k_dim), more(&l.v, l.v_dim));
+            l.k.reserve_exact(k_more);
+            l.v.reserve_exact(v_more);
+        }
+    }
+
+    /// Copies every recurrent and convolution state into `out` (reusing its allocation).
+    pub fn save_recurrent(&self, out: &mut Vec<f32>) {
+        out.clear();
+        for l in &self.layers {
+            out.extend_from_slice(&l.recurrent);
+            out.extend_from_slice(&l.conv);
+        }
+    }
+
+    /// Puts back what [`KvCache::save_recurrent`] copied.
+    pub fn restore_recurrent(&mut self, saved: &[f32]) {
+        let mut at = 0;
+        for l in &mut self.layers {
+            for part in [&mut l.recurrent, &mut l.conv] {
+                let n = part.len();
+                part.copy_from_slice(&saved[at..at + n]);
+                at += n;
+            }
+        }
+        debug_assert_eq!(at, saved.len());
+    }
+
     /// Drops every position at and after `len` (to rewind a sequence). A recurrent state cannot
     /// be rewound except to empty: returns false (and changes nothing) when asked to.
     pub fn truncate(&mut self, len: usize) -> bool {
@@ -90,5 +130,37 @@ impl KvCache {
         }
         self.len = self.len.min(len);
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reserved_cache_does_not_reallocate_and_recurrent_state_round_trips() {
+        let mut c = KvCache::new([
+            LayerState::Kv { k_dim: 3, v_dim: 2 },
+            LayerState::Recurrent {
+                recurrent: 4,
+                conv: 2,
+            },
+        ]);
+        c.reserve(10);
+        assert_eq!(c.layers[0].k.capacity(), 30);
+        assert_eq!(c.layers[0].v.capacity(), 20);
+        let k_ptr = c.layers[0].k.as_ptr();
+        c.layers[0].k.extend_from_slice(&[1.0; 30]);
+        assert_eq!(c.layers[0].k.as_ptr(), k_ptr, "reserved room reallocated");
+
+        assert!(c.has_recurrent());
+        c.layers[1].recurrent.copy_from_slice(&[1.0, 2.0, 3.0, 4.0]);
+        let mut saved = Vec::new();
+        c.save_recurrent(&mut saved);
+        c.layers[1].recurrent.iter_mut().for_each(|v| *v = 9.0);
+        c.layers[1].conv.iter_mut().for_each(|v| *v = 9.0);
+        c.restore_recurrent(&saved);
+        assert_eq!(c.layers[1].recurrent, vec![1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(c.layers[1].conv, vec![0.0, 0.0]);
     }
 }

@@ -29,6 +29,14 @@ pub enum EngineError {
     NoTokenizer(PathBuf),
     #[error("the prompt has {prompt} tokens; the model's context is {max} positions")]
     PromptTooLong { prompt: usize, max: usize },
+    #[error("{0}")]
+    BadCtxSize(String),
+    #[error("the model failed inside its forward pass: {0}")]
+    ModelPanicked(String),
+    #[error("this sequence failed: {0}")]
+    SequencePanicked(String),
+    #[error("{0}")]
+    Injected(String),
     #[error("empty prompt: at least one token is needed")]
     EmptyPrompt,
     #[error("{}: the {family} family cannot list its tensors from config alone; give the model folder", path.display())]
@@ -67,6 +75,15 @@ pub struct LoadOptions {
     pub eviction: strata_experts::Eviction,
     /// Non-expert weights resident, streamed per layer, or whichever fits.
     pub spine: crate::SpineMode,
+    /// Positions one sequence may hold (`--ctx-size`). Default: the model's context, capped by
+    /// the decoding-state share of `mem`.
+    pub ctx_size: Option<usize>,
+    /// Sequences decoded at once that decoding state is reserved for (the server's
+    /// `--max-concurrent`; 0 counts as 1).
+    pub sequences: usize,
+    /// Prompt tokens processed per step at most (`--prefill-chunk`). Default: sized to the
+    /// model's hidden dimension so one step's activations stay within the working memory.
+    pub prefill_chunk: Option<usize>,
 }
 
 /// Parses a size such as `512M`, `8G`, `1.5GiB`, `30K` or `123456` (bytes); binary units.
@@ -108,6 +125,11 @@ pub struct Engine {
     /// The store of streamed layers, when some are.
     pub spine: Option<Arc<SpineStore>>,
     pub memory: MemoryPlan,
+    /// Ids below the model's vocabulary that its tokenizer cannot decode (the rows a checkpoint
+    /// pads its embedding with): never sampled, refused in `logit_bias`.
+    pub masked_ids: Vec<u32>,
+    /// Faults to inject (tests).
+    pub faults: crate::Faults,
 }
 
 /// `logits` output: argmax at every position and the full logits of the last one.
@@ -135,12 +157,7 @@ impl Engine {
         let ckpt = Checkpoint::open(dir)?
             .with_quantization(QuantizationConfig::from_config(&cfg.text_config()?)?)
             .with_source(source);
-        let memory = MemoryPlan::new(
-            &ModelPlan::from_dir(dir)?,
-            options.mem,
-            options.expert_cache,
-            options.spine,
-        )?;
+        let memory = MemoryPlan::new(&ModelPlan::from_dir(dir)?, options)?;
         let budget = memory.expert_cache;
         let store_slot: std::cell::RefCell<Option<Arc<CachedStore>>> = Default::default();
         let factory = |layout: &ExpertLayout| -> strata_models::Result<Arc<dyn ExpertStore>> {
@@ -191,6 +208,11 @@ impl Engine {
         if generation.eos_token_ids.is_empty() {
             generation.eos_token_ids = cfg.opt_id_list("eos_token_id")?.unwrap_or_default();
         }
+        let vocab = model.info().vocab_size as u32;
+        let masked_ids = match &tokenizer {
+            Some(tok) => (0..vocab).filter(|&id| !tok.can_decode(id)).collect(),
+            None => Vec::new(),
+        };
         Ok(Engine {
             dir: dir.to_path_buf(),
             model,
@@ -199,6 +221,8 @@ impl Engine {
             experts: store_slot.into_inner(),
             spine: spine_slot.into_inner(),
             memory,
+            masked_ids,
+            faults: crate::Faults::from_env(),
         })
     }
 

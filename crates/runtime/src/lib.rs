@@ -3,15 +3,18 @@
 //! stop strings. The CLI and the server drive it.
 
 mod engine;
+mod faults;
 mod generate;
 mod memory;
 mod rng;
 mod sampler;
+mod sequence;
 mod stop;
 
 pub use engine::{available_memory, parse_size, Engine, EngineError, LoadOptions, LogitsOutput, ModelPlan};
+pub use faults::Faults;
 pub use generate::{Batch, FinishReason, GenEvent, Request, RequestExtras, TokenLogprobs};
-pub use memory::{MemoryPlan, SpineMode, STATE_RESERVE_TOKENS};
+pub use memory::{MemoryPlan, SpineMode, MIN_STATE_TOKENS};
 pub use rng::Rng;
 pub use sampler::{Sampler, SamplingParams};
 pub use stop::StopMatcher;

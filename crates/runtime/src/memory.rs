@@ -2,6 +2,13 @@
 //! decoding state (KV cache), buffers for reads in flight, and the expert cache, which gets what
 //! is left (unless `--expert-cache` sets it).
 //!
+//! Decoding state is reserved, not hoped for: one sequence holds at most `ctx_size` positions
+//! (`--ctx-size`; by default the model's context, capped by a share of `--mem`), and all the
+//! sequences decoded at once (`sequences`: `--max-concurrent` when serving) share a pool of
+//! `state_tokens` positions, besides each sequence's fixed recurrent state (twice: a copy is
+//! kept while several sequences step together, so a failed step can be undone). The server
+//! admits a request only when its positions fit the pool.
+//!
 //! When the non-expert weights do not fit, decoder layers are streamed instead (`--spine`):
 //! their weights are read from disk each time they run. A resident byte of a layer saves a read
 //! of that byte at every token, more than a byte of expert cache saves (experts hit less than
@@ -10,10 +17,22 @@
 //! and streams the rest, spread evenly through the model so their reads overlap the compute
 //! of the resident ones.
 
-use crate::{EngineError, ModelPlan};
+use crate::{EngineError, LoadOptions, ModelPlan};
 
-/// Positions of decoding state reserved in the plan (or the model's context, when shorter).
-pub const STATE_RESERVE_TOKENS: usize = 8192;
+/// Share of `--mem` the decoding-state pool takes by default (1/8), and the fewest positions it
+/// offers whatever the budget (or the model's context, when shorter).
+const STATE_SHARE_DIVISOR: usize = 8;
+pub const MIN_STATE_TOKENS: usize = 2048;
+
+/// Working memory of one step's activations that the default prompt chunk is sized to, and the
+/// bytes one token's activations take per hidden unit (a generous estimate over every family:
+/// attention projections, MoE intermediates, the residual stream).
+const PREFILL_WORK_BYTES: usize = 256 << 20;
+const ACTIVATION_BYTES_PER_HIDDEN: usize = 256;
+/// Prompt chunks are whole multiples of this (Kimi's linear-attention chunk, so chunked prompts
+/// compute the same chunks as whole ones) and at most `MAX_PREFILL_CHUNK` by default.
+const PREFILL_CHUNK_STEP: usize = 64;
+const MAX_PREFILL_CHUNK: usize = 512;
 
 /// Working memory besides reads: activations, logits, thread stacks, allocator slack, the
 /// binary and the page cache the kernel needs to make progress under a hard cap.
@@ -51,7 +70,14 @@ pub struct MemoryPlan {
     pub state_per_token: usize,
     /// State one sequence holds whatever its length (recurrent layers).
     pub state_per_sequence: usize,
-    pub state_reserve_tokens: usize,
+    /// Positions one sequence may hold (`--ctx-size`).
+    pub ctx_size: usize,
+    /// Sequences decoded at once that the reserve is for.
+    pub sequences: usize,
+    /// Positions all sequences together may hold (the pool the server admits requests into).
+    pub state_tokens: usize,
+    /// Prompt tokens processed per step at most (`--prefill-chunk`).
+    pub prefill_chunk: usize,
     /// Expert reads in flight (raw buffer + decoded copy per reader thread) and working memory.
     pub buffers: usize,
     pub expert_cache: usize,
@@ -60,9 +86,11 @@ pub struct MemoryPlan {
 }
 
 impl MemoryPlan {
-    /// One sequence of `state_reserve_tokens` positions.
+    /// The decoding-state reserve: the position pool and every sequence's fixed state (twice
+    /// when several step together: the copy that undoes a failed step).
     pub fn state_reserve(&self) -> usize {
-        self.state_per_token * self.state_reserve_tokens + self.state_per_sequence
+        let copies = if self.sequences > 1 { 2 } else { 1 };
+        self.state_per_token * self.state_tokens + copies * self.sequences * self.state_per_sequence
     }
 
     /// Bytes the plan accounts for.
@@ -75,14 +103,20 @@ impl MemoryPlan {
         crate::available_memory().map_or(8 << 30, |m| m / 10 * 9)
     }
 
-    pub fn new(
-        plan: &ModelPlan,
-        mem: Option<usize>,
-        expert_cache: Option<usize>,
-        spine: SpineMode,
-    ) -> Result<MemoryPlan, EngineError> {
-        let mem = mem.unwrap_or_else(Self::default_mem);
-        let state_reserve_tokens = STATE_RESERVE_TOKENS.min(plan.max_positions);
+    pub fn new(plan: &ModelPlan, options: &LoadOptions) -> Result<MemoryPlan, EngineError> {
+        let mem = options.mem.unwrap_or_else(Self::default_mem);
+        let (expert_cache, spine) = (options.expert_cache, options.spine);
+        let sequences = options.sequences.max(1);
+        let state = StateCosts {
+            model_ctx: plan.max_positions,
+            per_token: plan.state_bytes_per_token,
+            per_sequence: plan.state_bytes_per_sequence,
+        };
+        let (ctx_size, state_tokens) = state.pool(mem, options.ctx_size, sequences)?;
+        let prefill_chunk = options
+            .prefill_chunk
+            .unwrap_or_else(|| default_prefill_chunk(plan.hidden_dim))
+            .clamp(1, ctx_size.max(1));
         let buffers = 2 * strata_experts::DEFAULT_IO_THREADS * plan.bytes_per_expert() as usize + WORK_BYTES;
         let layers: Vec<usize> = plan.layer_bytes.iter().map(|&b| b as usize).collect();
         let all_layers: usize = layers.iter().sum();
@@ -96,7 +130,10 @@ impl MemoryPlan {
             spine_buffers: 0,
             state_per_token: plan.state_bytes_per_token,
             state_per_sequence: plan.state_bytes_per_sequence,
-            state_reserve_tokens,
+            ctx_size,
+            sequences,
+            state_tokens,
+            prefill_chunk,
             buffers,
             expert_cache: 0,
             expert_cache_set: expert_cache.is_some(),
@@ -149,6 +186,54 @@ impl MemoryPlan {
     }
 }
 
+/// (positions per sequence, positions of the pool). By default a sequence may hold the model's
+/// whole context and the pool `sequences` of them, both within a share of `--mem` (at least
+/// [`MIN_STATE_TOKENS`]); an explicit `--ctx-size` is taken as asked (the model's context at
+/// most), with a pool of at least one such sequence.
+struct StateCosts {
+    model_ctx: usize,
+    per_token: usize,
+    per_sequence: usize,
+}
+
+impl StateCosts {
+    fn pool(
+        &self,
+        mem: usize,
+        ctx_size: Option<usize>,
+        sequences: usize,
+    ) -> Result<(usize, usize), EngineError> {
+        let model_ctx = self.model_ctx.max(1);
+        let copies = if sequences > 1 { 2 } else { 1 };
+        let fixed = copies * sequences * self.per_sequence;
+        let share = (mem / STATE_SHARE_DIVISOR).saturating_sub(fixed);
+        let share_tokens = share
+            .checked_div(self.per_token)
+            .unwrap_or(usize::MAX)
+            .max(MIN_STATE_TOKENS);
+        let ctx = match ctx_size {
+            Some(0) => return Err(EngineError::BadCtxSize("--ctx-size must be at least 1".into())),
+            Some(n) if n > model_ctx => {
+                return Err(EngineError::BadCtxSize(format!(
+                    "--ctx-size {n} is longer than the model's context ({model_ctx} positions)"
+                )))
+            }
+            Some(n) => n,
+            None => model_ctx.min(share_tokens),
+        };
+        let pool = sequences.saturating_mul(ctx).min(share_tokens.max(ctx));
+        Ok((ctx, pool))
+    }
+}
+
+/// Prompt tokens per step whose activations stay within [`PREFILL_WORK_BYTES`]: a multiple of
+/// [`PREFILL_CHUNK_STEP`], at most [`MAX_PREFILL_CHUNK`].
+fn default_prefill_chunk(hidden_dim: usize) -> usize {
+    let per_token = (ACTIVATION_BYTES_PER_HIDDEN * hidden_dim).max(1);
+    let tokens = (PREFILL_WORK_BYTES / per_token).min(MAX_PREFILL_CHUNK);
+    (tokens / PREFILL_CHUNK_STEP * PREFILL_CHUNK_STEP).max(PREFILL_CHUNK_STEP)
+}
+
 /// `k` of the layers with weights, spread evenly (largest gaps first), in order.
 fn spread(layers: &[usize], k: usize) -> Vec<usize> {
     let candidates: Vec<usize> = (0..layers.len()).filter(|&l| layers[l] > 0).collect();
@@ -162,7 +247,7 @@ fn spread(layers: &[usize], k: usize) -> Vec<usize> {
 
 #[cfg(test)]
 mod tests {
-    use super::spread;
+    use super::{default_prefill_chunk, spread, StateCosts};
 
     #[test]
     fn streamed_layers_are_spread_evenly() {
@@ -173,5 +258,42 @@ mod tests {
         assert_eq!(spread(&layers, 8), (0..8).collect::<Vec<_>>());
         // Layers without weights of their own are never streamed.
         assert_eq!(spread(&[0, 5, 0, 5], 9), vec![1, 3]);
+    }
+
+    #[test]
+    fn the_state_pool_holds_whole_contexts_within_its_share() {
+        let gib = 1usize << 30;
+        // 100 KiB per position, 1 MiB per sequence, a 40960-position model.
+        let s = StateCosts {
+            model_ctx: 40960,
+            per_token: 100 << 10,
+            per_sequence: 1 << 20,
+        };
+        // One sequence, 8 GiB: 1 GiB share -> 10485 positions, less the fixed state.
+        let (ctx, pool) = s.pool(8 * gib, None, 1).unwrap();
+        assert_eq!(ctx, (gib - (1 << 20)) / (100 << 10));
+        assert_eq!(pool, ctx);
+        // 16 sequences share the same pool; each may still hold a whole context.
+        let (ctx16, pool16) = s.pool(8 * gib, None, 16).unwrap();
+        assert_eq!(pool16, (gib - 32 * (1 << 20)) / (100 << 10));
+        assert_eq!(ctx16, pool16);
+        // A huge budget: the model's context, 16 of them in the pool.
+        assert_eq!(s.pool(4096 * gib, None, 16).unwrap(), (40960, 16 * 40960));
+        // A tiny budget still offers the minimum; an explicit --ctx-size is taken as asked.
+        assert_eq!(s.pool(1 << 20, None, 1).unwrap(), (2048, 2048));
+        assert_eq!(s.pool(8 * gib, Some(32768), 4).unwrap(), (32768, 32768));
+        assert_eq!(s.pool(4096 * gib, Some(100), 4).unwrap(), (100, 400));
+        assert!(s.pool(gib, Some(40961), 1).is_err());
+        assert!(s.pool(gib, Some(0), 1).is_err());
+    }
+
+    #[test]
+    fn prompt_chunks_are_whole_linear_attention_chunks() {
+        for hidden in [1, 64, 2048, 4096, 7168, 1 << 20] {
+            let c = default_prefill_chunk(hidden);
+            assert!(c.is_multiple_of(64) && (64..=512).contains(&c), "{hidden}: {c}");
+        }
+        // Kimi K3's hidden size: 256 MiB of activations / (256 B x 7168) = 146 -> 128.
+        assert_eq!(default_prefill_chunk(7168), 128);
     }
 }

@@ -27,6 +27,7 @@ fn run(engine: &Engine, requests: &[Request]) -> Vec<(Vec<u32>, String, Option<F
         .generate(requests, |i, e| match e {
             GenEvent::Token { text, .. } => texts[i].push_str(text),
             GenEvent::Done { reason } => reasons[i] = Some(reason),
+            GenEvent::Failed { error } => panic!("request {i} failed: {error}"),
         })
         .unwrap();
     ids.into_iter()

@@ -163,6 +163,22 @@ fn bf16_models_match_goldens() {
     }
 }
 
+/// Prompts fed in chunks of 7 tokens (as the server feeds a long prompt between other
+/// sequences' steps) generate the goldens too.
+#[test]
+fn prompts_fed_in_chunks_generate_the_goldens() {
+    for name in BF16_MODELS.iter().chain(QUANTIZED_MODELS) {
+        let options = LoadOptions {
+            prefill_chunk: Some(7),
+            ..Default::default()
+        };
+        let engine = Engine::load(&fixture(name), &options).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(engine.memory.prefill_chunk, 7);
+        let g = golden(name);
+        check_generation(name, &engine, &g, rel_tolerance(&g));
+    }
+}
+
 #[test]
 fn quantized_models_match_goldens() {
     for name in QUANTIZED_MODELS {

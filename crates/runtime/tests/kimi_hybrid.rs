@@ -221,6 +221,18 @@ fn kimi_k3_matches_the_reference() {
     check_k3_prompts(&load(KIMI_K3, None), &g, "k3");
 }
 
+/// Prompts fed in chunks of 5 tokens (the server's prefill chunks) through the KDA and MLA
+/// state give the reference's greedy tokens.
+#[test]
+fn kimi_k3_prompts_fed_in_chunks_match_the_reference() {
+    let options = LoadOptions {
+        prefill_chunk: Some(5),
+        ..Default::default()
+    };
+    let engine = Engine::load(&fixture(KIMI_K3), &options).unwrap();
+    check_k3_prompts(&engine, &golden(KIMI_K3), "k3 chunked");
+}
+
 #[test]
 fn kimi_k3_streaming_through_a_cache_smaller_than_one_layer_changes_nothing() {
     let plan = ModelPlan::from_dir(&fixture(KIMI_K3)).unwrap();

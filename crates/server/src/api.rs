@@ -143,7 +143,24 @@ pub struct Common {
     pub ignore_eos: bool,
 }
 
-pub fn common(f: &Fields<'_>, defaults: SamplingParams, vocab: usize, max_n: usize) -> ApiResult<Common> {
+/// Stop strings longer than this (bytes) are refused.
+pub const MAX_STOP_BYTES: usize = 1024;
+/// `logit_bias` entries at most.
+pub const MAX_LOGIT_BIAS: usize = 1024;
+
+/// The model a request is checked against: its vocabulary, and the ids in it that its
+/// tokenizer cannot decode (sorted; never sampled, so never biased either).
+pub struct Vocab<'a> {
+    pub size: usize,
+    pub masked: &'a [u32],
+}
+
+pub fn common(
+    f: &Fields<'_>,
+    defaults: SamplingParams,
+    vocab: &Vocab<'_>,
+    max_n: usize,
+) -> ApiResult<Common> {
     let mut s = defaults;
     if let Some(t) = f.number("temperature", 0.0, 2.0)? {
         s.temperature = t as f32;
@@ -181,18 +198,36 @@ pub fn common(f: &Fields<'_>, defaults: SamplingParams, vocab: usize, max_n: usi
     }
     match f.get("logit_bias") {
         None => {}
+        Some(Value::Object(map)) if map.len() > MAX_LOGIT_BIAS => {
+            return Err(ApiError::field(
+                "logit_bias",
+                format!(
+                    "`logit_bias` has {} entries; at most {MAX_LOGIT_BIAS} are accepted",
+                    map.len()
+                ),
+            ))
+        }
         Some(Value::Object(map)) => {
+            let size = vocab.size;
             for (k, v) in map {
                 let id: u32 = k
                     .parse()
                     .ok()
-                    .filter(|&id: &u32| (id as usize) < vocab)
+                    .filter(|&id: &u32| (id as usize) < size)
                     .ok_or_else(|| {
                         ApiError::field(
                             "logit_bias",
-                            format!("logit_bias key `{k}` is not a token id below {vocab}"),
+                            format!("logit_bias key `{k}` is not a token id below {size}"),
                         )
                     })?;
+                if vocab.masked.binary_search(&id).is_ok() {
+                    return Err(ApiError::field(
+                        "logit_bias",
+                        format!(
+                            "logit_bias key `{k}` is not a token of this model's tokenizer (the model's vocabulary is padded past it): it is never sampled"
+                        ),
+                    ));
+                }
                 let b = v
                     .as_f64()
                     .filter(|b| (-100.0..=100.0).contains(b))
@@ -212,7 +247,7 @@ pub fn common(f: &Fields<'_>, defaults: SamplingParams, vocab: usize, max_n: usi
             ))
         }
     }
-    let stop = match f.get("stop") {
+    let stop: Vec<String> = match f.get("stop") {
         None => Vec::new(),
         Some(Value::String(s)) => vec![s.clone()],
         Some(Value::Array(items)) if items.len() <= 4 => items
@@ -231,6 +266,15 @@ pub fn common(f: &Fields<'_>, defaults: SamplingParams, vocab: usize, max_n: usi
             ))
         }
     };
+    if let Some(long) = stop.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+        return Err(ApiError::field(
+            "stop",
+            format!(
+                "a stop string of {} bytes is longer than the {MAX_STOP_BYTES} accepted",
+                long.len()
+            ),
+        ));
+    }
     let max_tokens = match f.int("max_completion_tokens", 1, i64::MAX)? {
         Some(n) => Some(n as usize),
         None => f.int("max_tokens", 1, i64::MAX)?.map(|n| n as usize),
@@ -259,11 +303,12 @@ pub fn common(f: &Fields<'_>, defaults: SamplingParams, vocab: usize, max_n: usi
 }
 
 /// The tokens a request may generate: what it asked for, within the context left after its
-/// prompt (a request that cannot fit is a 400 with the numbers).
+/// prompt (a request that cannot fit is a 400 with the numbers). `context` is the server's
+/// `--ctx-size`.
 pub fn token_budget(asked: Option<usize>, prompt: usize, context: usize) -> ApiResult<usize> {
     if prompt >= context {
         return Err(ApiError::bad_request(format!(
-            "This model's maximum context length is {context} tokens, and the prompt has {prompt} tokens."
+            "This server's maximum context length is {context} tokens (--ctx-size), and the prompt has {prompt} tokens."
         ))
         .with_code("context_length_exceeded"));
     }
@@ -272,7 +317,7 @@ pub fn token_budget(asked: Option<usize>, prompt: usize, context: usize) -> ApiR
         Some(n) if n > room => Err(ApiError {
             param: Some("max_tokens".into()),
             ..ApiError::bad_request(format!(
-                "This model's maximum context length is {context} tokens. You asked for {prompt} prompt tokens and {n} completion tokens ({} in all).",
+                "This server's maximum context length is {context} tokens (--ctx-size). You asked for {prompt} prompt tokens and {n} completion tokens ({} in all).",
                 prompt + n
             ))
             .with_code("context_length_exceeded")
@@ -280,4 +325,24 @@ pub fn token_budget(asked: Option<usize>, prompt: usize, context: usize) -> ApiR
         Some(n) => Ok(n),
         None => Ok(room),
     }
+}
+
+/// Most log-probability entries (sampled + top alternatives, over all choices) one response
+/// that is not streamed may carry.
+pub const MAX_LOGPROB_ENTRIES: usize = 1 << 18;
+
+/// Refuses a non-streamed response whose log-probabilities would be huge (stream it instead).
+pub fn check_logprob_size(stream: bool, top: Option<usize>, tokens: usize, choices: usize) -> ApiResult<()> {
+    let Some(top) = top else { return Ok(()) };
+    let entries = tokens.saturating_mul(top + 1).saturating_mul(choices);
+    if stream || entries <= MAX_LOGPROB_ENTRIES {
+        return Ok(());
+    }
+    Err(ApiError::field(
+        "max_tokens",
+        format!(
+            "log-probabilities of {choices} choice(s) x {tokens} tokens x {} entries ({entries}) exceed the {MAX_LOGPROB_ENTRIES} a response carries; set a smaller max_tokens or top_logprobs, or stream",
+            top + 1
+        ),
+    ))
 }

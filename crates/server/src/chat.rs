@@ -17,7 +17,7 @@ use strata_tokenizer::Tokenizer;
 use crate::api::{self, ApiError, ApiResult, Fields};
 use crate::parse::{OutputParser, Piece, ThinkStyle, ToolCall, ToolFormat, XTML_STRUCTURE};
 use crate::scheduler::Event;
-use crate::stream::{self, check_model, json_body, next_event, submit, token_text, usage};
+use crate::stream::{self, blocking, check_model, json_body, next_event, submit, token_text, usage};
 use crate::AppState;
 
 /// Most choices one request may ask for.
@@ -263,6 +263,15 @@ async fn chat(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> ApiR
             ))
         }
     };
+    if let Some(key) = kwargs
+        .keys()
+        .find(|k| strata_tokenizer::RESERVED_TEMPLATE_KEYS.contains(&k.as_str()))
+    {
+        return Err(ApiError::field(
+            "chat_template_kwargs",
+            format!("`chat_template_kwargs` cannot set `{key}`: the server sets it"),
+        ));
+    }
     if let Some(effort) = f.str("reasoning_effort")? {
         kwargs.insert("reasoning_effort".into(), Value::String(effort.into()));
     }
@@ -274,15 +283,23 @@ async fn chat(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> ApiR
             "`top_logprobs` needs `logprobs: true`",
         ));
     }
-    let vocab = engine.model.info().vocab_size;
-    let common = api::common(&f, engine.sampling_defaults(), vocab, MAX_N)?;
-    let (prompt, rendered) = tok
-        .encode_chat(&Value::Array(msgs), tools.as_ref(), true, &kwargs)
+    let common = api::common(&f, engine.sampling_defaults(), &stream::vocab(&state), MAX_N)?;
+    let (prompt, rendered) = {
+        let state = state.clone();
+        let tools = tools.clone();
+        blocking(move || {
+            let tok = state.engine.tokenizer.as_ref().expect("checked above");
+            tok.encode_chat(&Value::Array(msgs), tools.as_ref(), true, &kwargs)
+        })
+        .await?
         .map_err(|e| {
             ApiError::bad_request(format!("The chat template could not render these messages: {e}"))
-        })?;
-    let context = engine.model.info().max_positions;
+        })?
+    };
+    let context = engine.memory.ctx_size;
     let budget = api::token_budget(common.max_tokens, prompt.len(), context)?;
+    let top_entries = logprobs.then_some(top.unwrap_or(0) as usize);
+    api::check_logprob_size(common.stream, top_entries, budget, common.n)?;
     let requests: Vec<Request> = (0..common.n)
         .map(|i| {
             let mut sampling = common.sampling.clone();

@@ -14,7 +14,7 @@ use strata_tokenizer::Tokenizer;
 
 use crate::api::{self, ApiError, ApiResult, Fields};
 use crate::scheduler::Event;
-use crate::stream::{self, check_model, json_body, next_event, submit, token_text, usage};
+use crate::stream::{self, blocking, check_model, json_body, next_event, submit, token_text, usage};
 use crate::AppState;
 
 const MAX_CHOICES: usize = 16;
@@ -120,9 +120,13 @@ async fn complete(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> 
         return Err(ApiError::field("suffix", "`suffix` is not supported"));
     }
     let logprobs = f.int("logprobs", 0, MAX_LOGPROBS)?;
-    let vocab = engine.model.info().vocab_size;
-    let common = api::common(&f, engine.sampling_defaults(), vocab, MAX_CHOICES)?;
-    let prompts = prompts(obj.get("prompt"), tok)?;
+    let vocab = stream::vocab(&state);
+    let common = api::common(&f, engine.sampling_defaults(), &vocab, MAX_CHOICES)?;
+    let vocab = vocab.size;
+    let prompts = {
+        let (state, prompt) = (state.clone(), obj.get("prompt").cloned());
+        blocking(move || prompts(prompt.as_ref(), state.engine.tokenizer.as_ref())).await??
+    };
     if prompts.len() * common.n > MAX_CHOICES {
         return Err(ApiError::field(
             "n",
@@ -135,7 +139,7 @@ async fn complete(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> 
             format!("token id {bad} is not below the vocabulary size {vocab}"),
         ));
     }
-    let context = engine.model.info().max_positions;
+    let context = engine.memory.ctx_size;
     let mut requests = Vec::new();
     let mut prompt_tokens = 0;
     for p in &prompts {
@@ -160,6 +164,8 @@ async fn complete(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> 
         }
     }
     let n = requests.len();
+    let longest = requests.iter().map(|r| r.max_new_tokens).max().unwrap_or(0);
+    api::check_logprob_size(common.stream, logprobs.map(|k| k as usize), longest, n)?;
     let extras = RequestExtras {
         logprobs: logprobs.map(|k| k as usize),
         keep_special: false,

@@ -5,10 +5,16 @@
 //! running sequence together, step by step (continuous batching). Events come back per request
 //! on one channel; a client that goes away drops it, and its sequences leave the batch at the
 //! next step. Errors are always in OpenAI's shape (`api.rs`).
+//!
+//! Before a handler, every request passes `guard.rs` (Host/Origin, CORS, API key, a JSON body
+//! within its limits); connections are accepted and timed by `listen.rs`. If the engine thread
+//! stops, `/health` answers 503 and the server exits with an error.
 
 mod api;
 mod chat;
 mod completions;
+mod guard;
+mod listen;
 mod metrics;
 pub mod parse;
 mod scheduler;
@@ -20,7 +26,7 @@ use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, StatusCode};
-use axum::middleware::{self, Next};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -28,6 +34,8 @@ use serde_json::json;
 use strata_runtime::Engine;
 
 pub use api::ApiError;
+pub use guard::{Access, ApiKey};
+pub use listen::Limits;
 use metrics::Metrics;
 use scheduler::Scheduler;
 
@@ -37,13 +45,33 @@ pub const DEFAULT_BODY_LIMIT: usize = 8 << 20;
 #[derive(Clone, Debug)]
 pub struct ServeOptions {
     pub addr: SocketAddr,
-    pub api_key: Option<String>,
+    pub api_key: Option<ApiKey>,
     pub served_model_name: String,
     /// Sequences decoded together at most.
     pub max_concurrent: usize,
     /// Sequences that may wait for a place in the batch (429 past it).
     pub max_queued: usize,
     pub body_limit: usize,
+    /// Host names and browser origins answered beyond loopback's.
+    pub access: Access,
+    /// Connections, timeouts.
+    pub limits: Limits,
+}
+
+impl ServeOptions {
+    /// Loopback defaults for a model served as `name` on `addr`.
+    pub fn new(addr: SocketAddr, name: impl Into<String>) -> ServeOptions {
+        ServeOptions {
+            addr,
+            api_key: None,
+            served_model_name: name.into(),
+            max_concurrent: 16,
+            max_queued: 64,
+            body_limit: DEFAULT_BODY_LIMIT,
+            access: Access::default(),
+            limits: Limits::default(),
+        }
+    }
 }
 
 pub struct AppState {
@@ -61,8 +89,8 @@ pub(crate) fn now() -> u64 {
         .unwrap_or(0)
 }
 
-/// The routes over a loaded engine (the engine thread starts here).
-pub fn router(engine: Arc<Engine>, options: ServeOptions) -> Router {
+/// The routes over a loaded engine (the engine thread starts here), and the engine's health.
+pub fn router(engine: Arc<Engine>, options: ServeOptions) -> (Router, scheduler::EngineHealth) {
     let metrics = Arc::new(Metrics::default());
     let scheduler = Scheduler::start(
         engine.clone(),
@@ -71,6 +99,7 @@ pub fn router(engine: Arc<Engine>, options: ServeOptions) -> Router {
         metrics.clone(),
     );
     let body_limit = options.body_limit;
+    let engine_health = scheduler.health.clone();
     let state = Arc::new(AppState {
         engine,
         options,
@@ -83,14 +112,17 @@ pub fn router(engine: Arc<Engine>, options: ServeOptions) -> Router {
         .route("/v1/models/{model}", get(model))
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
-        .route_layer(middleware::from_fn_with_state(state.clone(), auth));
-    Router::new()
+        .route_layer(middleware::from_fn_with_state(state.clone(), guard::auth));
+    let app = Router::new()
         .merge(api)
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(body_limit))
-        .with_state(state)
+        .layer(middleware::from_fn_with_state(state.clone(), guard::body))
+        .layer(middleware::from_fn_with_state(state.clone(), guard::access))
+        .with_state(state);
+    (app, engine_health)
 }
 
 /// Serves until Ctrl-C, on a runtime of its own.
@@ -103,42 +135,37 @@ pub fn serve_blocking(engine: Arc<Engine>, options: ServeOptions) -> anyhow::Res
         .block_on(serve(engine, options))
 }
 
-/// Serves until Ctrl-C.
+/// Serves until Ctrl-C (Ok) or until the engine thread stops (Err, with its reason).
 pub async fn serve(engine: Arc<Engine>, options: ServeOptions) -> anyhow::Result<()> {
     let addr = options.addr;
-    let app = router(engine, options);
+    if !addr.ip().is_loopback() && options.api_key.is_none() {
+        eprintln!(
+            "[strata] warning: listening on {addr}, beyond this machine, with no API key: anyone who can reach it can use it (set --api-key or STRATA_API_KEY)"
+        );
+    }
+    let limits = options.limits.clone();
+    let (app, health) = router(engine, options);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
     eprintln!("[strata] serving on http://{}", listener.local_addr()?);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await?;
-    Ok(())
-}
-
-async fn auth(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
-    if let Some(key) = &state.options.api_key {
-        let given = request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if given != Some(key.as_str()) {
-            return ApiError {
-                code: Some("invalid_api_key"),
-                ..ApiError::new(
-                    StatusCode::UNAUTHORIZED,
-                    "invalid_request_error",
-                    "Incorrect or missing API key: send `Authorization: Bearer KEY`.",
-                )
+    let engine_stopped = health.clone().wait_stopped();
+    let stopped = std::sync::Mutex::new(None);
+    listen::serve(listener, app, limits, async {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            reason = engine_stopped => {
+                eprintln!("[strata] the engine stopped ({reason}); shutting down");
+                *stopped.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason);
             }
-            .into_response();
         }
+    })
+    .await?;
+    let reason = stopped.into_inner().unwrap_or_else(|e| e.into_inner());
+    match reason {
+        Some(reason) => anyhow::bail!("the engine stopped: {reason}"),
+        None => Ok(()),
     }
-    next.run(request).await
 }
 
 fn model_card(state: &AppState) -> serde_json::Value {
@@ -177,8 +204,17 @@ pub(crate) fn unknown_model(name: &str) -> ApiError {
     }
 }
 
-/// Ready once the model is loaded, which is before the listener opens.
+/// Ready once the model is loaded, which is before the listener opens; 503 once the engine
+/// thread has stopped.
 async fn health(State(state): State<Arc<AppState>>) -> Response {
+    if let Some(reason) = state.scheduler.health.stopped() {
+        let body = json!({
+            "status": "error",
+            "model": state.options.served_model_name,
+            "error": format!("the engine stopped: {reason}"),
+        });
+        return (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
+    }
     axum::Json(json!({
         "status": "ok",
         "model": state.options.served_model_name,

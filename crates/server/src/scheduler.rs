@@ -1,7 +1,13 @@
 //! The engine thread: continuous batching. Requests arrive on a channel and wait in a queue;
-//! between steps, sequences join the batch while it has room (`--max-concurrent`) and leave when
-//! they finish or their client goes away (its receiver dropped). Every step is one forward pass
-//! over all of them, so an expert read from disk serves every sequence routed to it.
+//! between steps, sequences join the batch while it has room (`--max-concurrent` sequences and
+//! the decoding-state pool the memory plan reserved: a sequence holds its prompt + max_tokens
+//! positions from the moment it joins) and leave when they finish, fail, or their client goes
+//! away (its receiver dropped). Every step is one forward pass over all of them, so an expert
+//! read from disk serves every sequence routed to it.
+//!
+//! A sequence's failure is its own: it gets [`Event::Error`] and the rest go on. Only a panic
+//! inside the model stops the thread (its shared state may be broken); then every waiting
+//! request gets the error, [`EngineHealth`] says so, and the server exits.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -9,7 +15,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use strata_runtime::{Batch, Engine, FinishReason, GenEvent, Request, RequestExtras, TokenLogprobs};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::metrics::Metrics;
 
@@ -22,7 +28,7 @@ pub enum Event {
         logprobs: Option<TokenLogprobs>,
     },
     Done(FinishReason),
-    /// The engine failed on this sequence's batch; the server goes on.
+    /// This sequence failed; the server goes on.
     Error(String),
 }
 
@@ -34,6 +40,44 @@ pub struct Job {
     pub events: mpsc::UnboundedSender<(usize, Event)>,
 }
 
+/// Whether the engine thread still runs; once it stops, why.
+#[derive(Clone)]
+pub struct EngineHealth(watch::Receiver<Option<String>>);
+
+impl EngineHealth {
+    /// Why the engine thread stopped, if it has.
+    pub fn stopped(&self) -> Option<String> {
+        self.0.borrow().clone()
+    }
+
+    /// Resolves when the engine thread stops, with the reason.
+    pub async fn wait_stopped(mut self) -> String {
+        match self.0.wait_for(Option::is_some).await {
+            Ok(reason) => reason.clone().unwrap_or_default(),
+            Err(_) => "the engine thread went away".into(),
+        }
+    }
+}
+
+/// Reports the engine thread's end, however it ends (return or unwind).
+struct StopGuard {
+    tx: watch::Sender<Option<String>>,
+    reason: Option<String>,
+}
+
+impl Drop for StopGuard {
+    fn drop(&mut self) {
+        let reason = self.reason.take().unwrap_or_else(|| {
+            if std::thread::panicking() {
+                "the engine thread panicked".into()
+            } else {
+                "the engine thread stopped".into()
+            }
+        });
+        self.tx.send_replace(Some(reason));
+    }
+}
+
 /// The handle the HTTP side holds.
 #[derive(Clone)]
 pub struct Scheduler {
@@ -42,6 +86,7 @@ pub struct Scheduler {
     pub load: Arc<AtomicUsize>,
     pub max_concurrent: usize,
     pub max_queued: usize,
+    pub health: EngineHealth,
 }
 
 impl Scheduler {
@@ -53,16 +98,35 @@ impl Scheduler {
     ) -> Scheduler {
         let (tx, rx) = std::sync::mpsc::channel::<Job>();
         let load = Arc::new(AtomicUsize::new(0));
+        let (health_tx, health_rx) = watch::channel(None);
+        let max_concurrent = max_concurrent.max(1);
         let thread_load = load.clone();
         std::thread::Builder::new()
             .name("strata-engine".into())
-            .spawn(move || run(&engine, rx, max_concurrent.max(1), &thread_load, &metrics))
+            .spawn(move || {
+                let mut guard = StopGuard {
+                    tx: health_tx,
+                    reason: None,
+                };
+                let mut engine_thread = EngineThread {
+                    engine: &engine,
+                    batch: Batch::new(&engine),
+                    queue: VecDeque::new(),
+                    running: Vec::new(),
+                    reserved: 0,
+                    max_concurrent,
+                    load: &thread_load,
+                    metrics: &metrics,
+                };
+                guard.reason = Some(engine_thread.run(rx));
+            })
             .expect("spawn the engine thread");
         Scheduler {
             jobs: tx,
             load,
-            max_concurrent: max_concurrent.max(1),
+            max_concurrent,
             max_queued,
+            health: EngineHealth(health_rx),
         }
     }
 
@@ -95,31 +159,63 @@ struct Running {
     events: mpsc::UnboundedSender<(usize, Event)>,
     started: Instant,
     first_token: bool,
+    /// Positions reserved for it in the pool.
+    positions: usize,
 }
 
-fn run(
-    engine: &Engine,
-    jobs: std::sync::mpsc::Receiver<Job>,
+struct EngineThread<'e> {
+    engine: &'e Engine,
+    batch: Batch<'e>,
+    queue: VecDeque<(Job, Instant)>,
+    running: Vec<Running>,
+    /// Positions the running sequences hold (at most the pool).
+    reserved: usize,
     max_concurrent: usize,
-    load: &AtomicUsize,
-    metrics: &Metrics,
-) {
-    let mut batch = Batch::new(engine);
-    let mut queue: VecDeque<(Job, Instant)> = VecDeque::new();
-    let mut running: Vec<Running> = Vec::new();
-    loop {
-        // Wait for work when idle; otherwise take what has arrived.
-        if batch.is_empty() && queue.is_empty() {
-            match jobs.recv() {
-                Ok(job) => queue.push_back((job, Instant::now())),
-                Err(_) => return,
+    load: &'e AtomicUsize,
+    metrics: &'e Metrics,
+}
+
+impl EngineThread<'_> {
+    /// Steps until every sender is gone or the model panics; returns why it stopped.
+    fn run(&mut self, jobs: std::sync::mpsc::Receiver<Job>) -> String {
+        loop {
+            // Wait for work when idle; otherwise take what has arrived.
+            if self.batch.is_empty() && self.queue.is_empty() {
+                match jobs.recv() {
+                    Ok(job) => self.queue.push_back((job, Instant::now())),
+                    Err(_) => return "the server closed".into(),
+                }
             }
+            while let Ok(job) = jobs.try_recv() {
+                self.queue.push_back((job, Instant::now()));
+            }
+            self.drop_departed();
+            self.admit();
+            self.metrics
+                .queued
+                .store(self.queue.len() as u64, Ordering::Relaxed);
+            self.metrics
+                .running
+                .store(self.running.len() as u64, Ordering::Relaxed);
+            if self.batch.is_empty() {
+                continue;
+            }
+            if let Err(fatal) = self.step() {
+                let reason = fatal.to_string();
+                tracing::error!("engine stopped: {reason}");
+                self.fail_everything(&reason, jobs);
+                return reason;
+            }
+            self.metrics
+                .running
+                .store(self.running.len() as u64, Ordering::Relaxed);
         }
-        while let Ok(job) = jobs.try_recv() {
-            queue.push_back((job, Instant::now()));
-        }
-        // Clients that left while queued or running.
-        queue.retain(|(job, _)| {
+    }
+
+    /// Frees what clients that left while queued or running held.
+    fn drop_departed(&mut self) {
+        let (load, metrics) = (self.load, self.metrics);
+        self.queue.retain(|(job, _)| {
             let alive = !job.events.is_closed();
             if !alive {
                 load.fetch_sub(1, Ordering::SeqCst);
@@ -127,43 +223,76 @@ fn run(
             }
             alive
         });
-        running.retain(|r| {
-            let alive = !r.events.is_closed();
-            if !alive {
-                batch.cancel(r.id);
-                load.fetch_sub(1, Ordering::SeqCst);
-                metrics.cancelled.fetch_add(1, Ordering::Relaxed);
-            }
-            alive
-        });
-        while batch.len() < max_concurrent {
-            let Some((job, queued_at)) = queue.pop_front() else {
+        let gone: Vec<u64> = (self.running.iter())
+            .filter(|r| r.events.is_closed())
+            .map(|r| r.id)
+            .collect();
+        for id in gone {
+            self.batch.cancel(id);
+            self.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+            self.release(id);
+        }
+    }
+
+    /// Moves queued sequences into the batch, in order, while the batch has a place and the
+    /// pool has their positions.
+    fn admit(&mut self) {
+        let pool = self.engine.memory.state_tokens;
+        while self.batch.len() < self.max_concurrent {
+            let Some((job, _)) = self.queue.front() else {
                 break;
             };
+            let positions = self.engine.positions(&job.request);
+            if positions <= pool && self.reserved + positions > pool {
+                break; // waits for running sequences to free their positions
+            }
+            let (job, queued_at) = self.queue.pop_front().expect("front exists");
+            if positions > pool {
+                // The HTTP side refuses these; nothing may wait for what never comes.
+                self.load.fetch_sub(1, Ordering::SeqCst);
+                let message = format!(
+                    "this sequence needs {positions} positions of decoding state; the server holds {pool} in all"
+                );
+                let _ = job.events.send((job.index, Event::Error(message)));
+                continue;
+            }
             let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-            match batch.add(id, job.request, job.extras) {
-                Ok(()) => running.push(Running {
-                    id,
-                    index: job.index,
-                    events: job.events,
-                    started: queued_at,
-                    first_token: false,
-                }),
+            match self.batch.add(id, job.request, job.extras) {
+                Ok(()) => {
+                    self.reserved += positions;
+                    self.running.push(Running {
+                        id,
+                        index: job.index,
+                        events: job.events,
+                        started: queued_at,
+                        first_token: false,
+                        positions,
+                    });
+                }
                 Err(e) => {
-                    load.fetch_sub(1, Ordering::SeqCst);
+                    self.load.fetch_sub(1, Ordering::SeqCst);
                     let _ = job.events.send((job.index, Event::Error(e.to_string())));
                 }
             }
         }
-        metrics.queued.store(queue.len() as u64, Ordering::Relaxed);
-        metrics.running.store(running.len() as u64, Ordering::Relaxed);
-        if batch.is_empty() {
-            continue;
+    }
+
+    /// Forgets a running sequence that left the batch, freeing its place and positions.
+    fn release(&mut self, id: u64) {
+        if let Some(i) = self.running.iter().position(|r| r.id == id) {
+            let r = self.running.swap_remove(i);
+            self.reserved -= r.positions;
+            self.load.fetch_sub(1, Ordering::SeqCst);
         }
+    }
+
+    /// One step of the batch, each event passed to its consumer. Err: the model panicked.
+    fn step(&mut self) -> Result<(), strata_runtime::EngineError> {
         let step_start = Instant::now();
-        let mut finished: Vec<u64> = Vec::new();
+        let mut left: Vec<u64> = Vec::new();
         let mut tokens = 0u64;
-        let result = batch.step(&mut |id, event| {
+        let (running, metrics) = (&mut self.running, self.metrics);
+        let result = self.batch.step(&mut |id, event| {
             let Some(r) = running.iter_mut().find(|r| r.id == id) else {
                 return false;
             };
@@ -188,38 +317,48 @@ fn run(
                     ))
                 }
                 GenEvent::Done { reason } => {
-                    finished.push(id);
+                    left.push(id);
                     r.events.send((r.index, Event::Done(reason)))
+                }
+                GenEvent::Failed { error } => {
+                    tracing::warn!("a sequence failed: {error}");
+                    metrics.engine_errors.fetch_add(1, Ordering::Relaxed);
+                    left.push(id);
+                    r.events.send((r.index, Event::Error(error.to_string())))
                 }
             };
             sent.is_ok()
         });
-        metrics.generated_tokens.fetch_add(tokens, Ordering::Relaxed);
-        metrics.observe_step(step_start.elapsed().as_secs_f64(), tokens);
-        match result {
-            Ok(()) => {
-                // Sequences the batch dropped (finished or their client gone).
-                running.retain(|r| {
-                    let done = finished.contains(&r.id);
-                    let gone = !done && r.events.is_closed();
-                    if gone {
-                        metrics.cancelled.fetch_add(1, Ordering::Relaxed);
-                    }
-                    if done || gone {
-                        load.fetch_sub(1, Ordering::SeqCst);
-                    }
-                    !(done || gone)
-                });
-            }
-            Err(e) => {
-                tracing::error!("engine step failed: {e}");
-                metrics.engine_errors.fetch_add(1, Ordering::Relaxed);
-                for r in running.drain(..) {
-                    load.fetch_sub(1, Ordering::SeqCst);
-                    let _ = r.events.send((r.index, Event::Error(e.to_string())));
-                }
-            }
+        self.metrics.generated_tokens.fetch_add(tokens, Ordering::Relaxed);
+        self.metrics
+            .observe_step(step_start.elapsed().as_secs_f64(), tokens);
+        result?;
+        // Sequences the batch dropped: finished, failed, or their client gone.
+        let gone: Vec<u64> = (self.running.iter())
+            .filter(|r| !left.contains(&r.id) && r.events.is_closed())
+            .map(|r| r.id)
+            .collect();
+        self.metrics
+            .cancelled
+            .fetch_add(gone.len() as u64, Ordering::Relaxed);
+        for id in left.into_iter().chain(gone) {
+            self.batch.cancel(id);
+            self.release(id);
         }
-        metrics.running.store(running.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The model panicked: every running, queued and arriving sequence gets the error.
+    fn fail_everything(&mut self, reason: &str, jobs: std::sync::mpsc::Receiver<Job>) {
+        let message = format!("the engine stopped: {reason}");
+        for r in self.running.drain(..) {
+            let _ = r.events.send((r.index, Event::Error(message.clone())));
+        }
+        for (job, _) in self.queue.drain(..) {
+            let _ = job.events.send((job.index, Event::Error(message.clone())));
+        }
+        // Dropping the receiver makes later submissions fail at once.
+        drop(jobs);
+        self.load.store(0, Ordering::SeqCst);
     }
 }

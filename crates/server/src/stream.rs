@@ -12,7 +12,7 @@ use serde_json::{Map, Value};
 use strata_runtime::{FinishReason, Request, RequestExtras, TokenLogprobs};
 use tokio::sync::mpsc;
 
-use crate::api::{ApiError, ApiResult};
+use crate::api::{ApiError, ApiResult, Vocab};
 use crate::scheduler::{Event, Job};
 use crate::AppState;
 
@@ -62,12 +62,28 @@ pub fn check_model(state: &AppState, fields: &Map<String, Value>) -> ApiResult<(
     }
 }
 
-/// Hands every choice to the engine (429 when the queue is full). Choice i gets `requests[i]`.
+/// Hands every choice to the engine (429 when the queue is full; 400 when the choices together
+/// need more decoding state than the server holds, so could never run). Choice i gets
+/// `requests[i]`.
 pub fn submit(
     state: &AppState,
     requests: Vec<Request>,
     extras: RequestExtras,
 ) -> ApiResult<mpsc::UnboundedReceiver<(usize, Event)>> {
+    let engine = &state.engine;
+    let needed: usize = requests.iter().map(|r| engine.positions(r)).sum();
+    let pool = engine.memory.state_tokens;
+    if needed > pool {
+        let each = requests.first().map_or(0, |r| engine.positions(r));
+        return Err(ApiError::field(
+            "max_tokens",
+            format!(
+                "This request needs {needed} positions of decoding state ({} choice(s) x {each} prompt + completion tokens); the server holds {pool} for all requests together (--mem, --ctx-size, --max-concurrent). Ask for fewer max_tokens or choices.",
+                requests.len()
+            ),
+        )
+        .with_code("context_length_exceeded"));
+    }
     if !state.scheduler.try_reserve(requests.len()) {
         return Err(ApiError {
             retry_after: Some(1),
@@ -214,4 +230,25 @@ pub fn request_id(prefix: &str) -> String {
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0);
     format!("{prefix}-{:016x}{:08x}", t, n as u32)
+}
+
+/// The vocabulary requests are checked against.
+pub fn vocab(state: &AppState) -> Vocab<'_> {
+    Vocab {
+        size: state.engine.model.info().vocab_size,
+        masked: &state.engine.masked_ids,
+    }
+}
+
+/// Runs CPU-heavy request work (template rendering, tokenization) off the async runtime's
+/// threads, a few at a time, so slow requests never hold up `/health` or the streams.
+pub async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> ApiResult<T> {
+    static SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(4);
+    let _slot = SLOTS
+        .acquire()
+        .await
+        .map_err(|_| engine_error("the request workers are closed".into()))?;
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| engine_error(format!("preparing the request failed: {e}")))
 }

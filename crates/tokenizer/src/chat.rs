@@ -2,6 +2,11 @@
 //! with the environment transformers gives Jinja: trim_blocks, lstrip_blocks, loop controls,
 //! `raise_exception`, `strftime_now`, `namespace`, Python string/dict methods, and a `tojson`
 //! that writes what Python's `json.dumps` writes.
+//!
+//! A template comes with the model files, so it is untrusted code: a render runs on a fuel
+//! budget (instructions; minijinja's own limits bound recursion and repeated strings), its
+//! output is cut off past a size, every function it can call returns errors instead of
+//! panicking, and the caller's keyword arguments cannot replace what the renderer sets.
 
 use std::path::Path;
 
@@ -14,6 +19,23 @@ use crate::{Result, TokenizerError};
 
 const TEMPLATE_NAME: &str = "chat";
 
+/// Instructions one render may run (a chat of a few thousand messages takes well under a
+/// tenth of it).
+pub const TEMPLATE_FUEL: u64 = 50_000_000;
+/// Bytes one render may write.
+pub const MAX_RENDERED_BYTES: usize = 32 << 20;
+/// Variables the renderer sets that keyword arguments (`chat_template_kwargs`) cannot replace.
+pub const RESERVED_TEMPLATE_KEYS: &[&str] = &[
+    "messages",
+    "tools",
+    "add_generation_prompt",
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "pad_token",
+    "additional_special_tokens",
+];
+
 pub struct ChatTemplate {
     env: Environment<'static>,
     pub source: String,
@@ -23,8 +45,51 @@ fn raise_exception(message: String) -> std::result::Result<JValue, Error> {
     Err(Error::new(ErrorKind::InvalidOperation, message))
 }
 
-fn strftime_now(format: String) -> String {
-    chrono::Local::now().format(&format).to_string()
+/// `strftime_now(format)`: a format chrono cannot parse is an error, never a panic.
+fn strftime_now(format: String) -> std::result::Result<String, Error> {
+    use chrono::format::{Item, StrftimeItems};
+    use std::fmt::Write;
+    let items: Vec<Item<'_>> = StrftimeItems::new(&format).collect();
+    let bad = || {
+        Error::new(
+            ErrorKind::InvalidOperation,
+            format!("strftime_now: bad format `{format}`"),
+        )
+    };
+    if items.iter().any(|i| matches!(i, Item::Error)) {
+        return Err(bad());
+    }
+    let mut out = String::new();
+    write!(
+        out,
+        "{}",
+        chrono::Local::now().format_with_items(items.into_iter())
+    )
+    .map_err(|_| bad())?;
+    Ok(out)
+}
+
+/// An `io::Write` into a string that fails past `limit` bytes.
+struct Capped {
+    out: Vec<u8>,
+    limit: usize,
+}
+
+impl std::io::Write for Capped {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.out.len() + buf.len() > self.limit {
+            return Err(std::io::Error::other(format!(
+                "the rendered prompt is larger than {} MiB",
+                self.limit >> 20
+            )));
+        }
+        self.out.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 fn tojson(value: JValue, kwargs: Kwargs) -> std::result::Result<JValue, Error> {
@@ -40,6 +105,7 @@ fn tojson(value: JValue, kwargs: Kwargs) -> std::result::Result<JValue, Error> {
 impl ChatTemplate {
     pub fn new(source: String) -> Result<ChatTemplate> {
         let mut env = Environment::new();
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
@@ -85,19 +151,33 @@ impl ChatTemplate {
         special_tokens: &Map<String, Value>,
         kwargs: &Map<String, Value>,
     ) -> Result<String> {
+        if let Some(key) = kwargs
+            .keys()
+            .find(|k| RESERVED_TEMPLATE_KEYS.contains(&k.as_str()))
+        {
+            return Err(TokenizerError::Template(format!(
+                "keyword arguments cannot set `{key}`"
+            )));
+        }
         let mut ctx = special_tokens.clone();
-        ctx.insert("messages".into(), messages.clone());
-        ctx.insert("tools".into(), tools.cloned().unwrap_or(Value::Null));
-        ctx.insert("add_generation_prompt".into(), Value::Bool(add_generation_prompt));
         for (k, v) in kwargs {
             ctx.insert(k.clone(), v.clone());
         }
+        ctx.insert("messages".into(), messages.clone());
+        ctx.insert("tools".into(), tools.cloned().unwrap_or(Value::Null));
+        ctx.insert("add_generation_prompt".into(), Value::Bool(add_generation_prompt));
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| TokenizerError::Template(e.to_string()))?;
+        let mut out = Capped {
+            out: Vec::new(),
+            limit: MAX_RENDERED_BYTES,
+        };
         template
-            .render(JValue::from_serialize(&ctx))
-            .map_err(|e| TokenizerError::Template(format!("{e:#}")))
+            .render_captured_to(JValue::from_serialize(&ctx), &mut out)
+            .map_err(|e| TokenizerError::Template(format!("{e:#}")))?;
+        String::from_utf8(out.out)
+            .map_err(|e| TokenizerError::Template(format!("the output is not UTF-8: {e}")))
     }
 }

@@ -12,10 +12,10 @@ mod tiktoken;
 mod tokenizer;
 pub mod xtml;
 
-pub use chat::ChatTemplate;
+pub use chat::{ChatTemplate, MAX_RENDERED_BYTES, RESERVED_TEMPLATE_KEYS, TEMPLATE_FUEL};
 pub use error::TokenizerError;
 pub use pyjson::python_json_dumps;
-pub use stream::StreamDecoder;
+pub use stream::{StreamDecoder, MAX_HELD};
 pub use tiktoken::{TiktokenBackend, KIMI_PATTERN};
 pub use tokenizer::{AddedToken, Tokenizer};
 

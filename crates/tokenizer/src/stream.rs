@@ -1,7 +1,14 @@
 //! Incremental detokenization for streaming: text is released only once it is complete UTF-8,
 //! so a character split across tokens (emoji, CJK in byte-level BPE) is never emitted broken.
+//! Each push decodes a short window (the last released run of tokens and those held since), and
+//! after [`MAX_HELD`] tokens that complete no character, what they hold is released lossily
+//! (U+FFFD), so a run of broken UTF-8 never makes decoding quadratic.
 
 use crate::{Result, Tokenizer};
+
+/// Tokens held back at most while they complete no character (a character is at most 4 bytes,
+/// so real text never holds this many).
+pub const MAX_HELD: usize = 8;
 
 /// Decodes a growing list of ids into text deltas.
 #[derive(Default)]
@@ -33,6 +40,12 @@ impl StreamDecoder {
             self.prefix = self.read;
             self.read = self.ids.len();
             Ok(Some(delta))
+        } else if self.ids.len() - self.read >= MAX_HELD {
+            let delta = String::from_utf8_lossy(after.as_bytes().get(before.len()..).unwrap_or_default());
+            let delta = delta.into_owned();
+            self.prefix = self.read;
+            self.read = self.ids.len();
+            Ok(Some(delta).filter(|d| !d.is_empty()))
         } else {
             Ok(None)
         }

@@ -126,9 +126,13 @@ impl TiktokenBackend {
             .map_err(|e| TokenizerError::Encode(e.to_string()))
     }
 
-    /// Special-token text is encoded as ordinary text.
-    pub fn encode_ordinary(&self, text: &str) -> Vec<u32> {
-        self.bpe.encode_ordinary(text)
+    /// Special-token text is encoded as ordinary text. A split pattern that gives up on the
+    /// input (fancy-regex's backtracking limit) is an error.
+    pub fn encode_ordinary(&self, text: &str) -> Result<Vec<u32>> {
+        self.bpe
+            .encode(text, &HashSet::new())
+            .map(|(ids, _)| ids)
+            .map_err(|e| TokenizerError::Encode(e.to_string()))
     }
 
     pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {

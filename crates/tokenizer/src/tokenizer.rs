@@ -85,6 +85,15 @@ impl Tokenizer {
         }
     }
 
+    /// Whether `id` names a token (a model's vocabulary may be padded past its tokenizer's, and
+    /// a tokenizer's added tokens may leave gaps).
+    pub fn can_decode(&self, id: u32) -> bool {
+        match &self.backend {
+            Backend::Hf(t) => t.id_to_token(id).is_some(),
+            Backend::Tiktoken(t) => (id as usize) < t.vocab_size(),
+        }
+    }
+
     /// Text -> ids. Special-token text always maps to its id; `add_special` adds what the
     /// tokenizer's post-processor adds (e.g. BOS), as transformers' `add_special_tokens`.
     pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
@@ -206,7 +215,7 @@ impl Tokenizer {
         for seg in &segments {
             match seg {
                 xtml::Segment::Special(s) => out.push(special_id(s)),
-                xtml::Segment::Text(t) => out.extend(tik.encode_ordinary(t)),
+                xtml::Segment::Text(t) => out.extend(tik.encode_ordinary(t)?),
             }
         }
         text.push_str(&xtml::to_text(&segments));

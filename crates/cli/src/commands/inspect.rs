@@ -19,6 +19,16 @@ pub struct InspectArgs {
     /// Plan non-expert weights this way (see `strata run --help`).
     #[arg(long, value_enum, default_value_t = super::Spine::Auto)]
     spine: super::Spine,
+    /// Plan decoding state for this context per sequence (see `strata run --help`).
+    #[arg(long, short = 'c', value_name = "N")]
+    ctx_size: Option<usize>,
+    /// Plan decoding state for this many sequences at once, as `strata serve --max-concurrent`
+    /// does (default 1, as `strata run`).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    max_concurrent: usize,
+    /// Plan this prompt chunk (see `strata run --help`).
+    #[arg(long, value_name = "N")]
+    prefill_chunk: Option<usize>,
     /// Print the figures as JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -77,7 +87,16 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
         ),
     };
     let l = &plan.layout;
-    let memory = MemoryPlan::new(&plan, args.mem, args.expert_cache, args.spine.mode());
+    let options = strata_runtime::LoadOptions {
+        mem: args.mem,
+        expert_cache: args.expert_cache,
+        spine: args.spine.mode(),
+        ctx_size: args.ctx_size,
+        sequences: args.max_concurrent,
+        prefill_chunk: args.prefill_chunk,
+        ..Default::default()
+    };
+    let memory = MemoryPlan::new(&plan, &options);
     if args.json {
         let body = serde_json::json!({
             "architecture": plan.architecture,
@@ -104,7 +123,8 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
                 "spine_ahead": m.spine_ahead,
                 "state_bytes_per_token": m.state_per_token,
                 "state_bytes_per_sequence": m.state_per_sequence,
-                "state_reserve_tokens": m.state_reserve_tokens, "state_reserve": m.state_reserve(),
+                "ctx_size": m.ctx_size, "sequences": m.sequences, "state_tokens": m.state_tokens,
+                "state_reserve": m.state_reserve(), "prefill_chunk": m.prefill_chunk,
                 "buffers": m.buffers, "expert_cache": m.expert_cache,
                 "cached_expert_share": m.expert_cache as f64 / plan.expert_bytes.max(1) as f64,
             })),
@@ -179,12 +199,15 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
                 );
             }
             println!(
-                "  state          {} per token + {} per sequence; {} reserved for {} tokens",
+                "  state          {} per token + {} per sequence; {} reserved: {} positions for {} sequence(s), {} each at most (--ctx-size)",
                 human_bytes(m.state_per_token as u64),
                 human_bytes(m.state_per_sequence as u64),
                 human_bytes(m.state_reserve() as u64),
-                m.state_reserve_tokens
+                m.state_tokens,
+                m.sequences,
+                m.ctx_size
             );
+            println!("  prompt chunk   {} tokens per step", m.prefill_chunk);
             println!("  read buffers   {}", human_bytes(m.buffers as u64));
             println!(
                 "  expert cache   {} ({:.1} % of the experts{})",

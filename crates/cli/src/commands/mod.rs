@@ -154,6 +154,15 @@ pub struct MemArgs {
     /// `resident` refuses to stream; `stream` streams every decoder layer.
     #[arg(long, value_enum, default_value_t = Spine::Auto)]
     pub spine: Spine,
+    /// Positions (prompt + generated tokens) one sequence may hold; decoding state for them is
+    /// reserved in --mem. Default: the model's context, capped by an eighth of --mem.
+    #[arg(long, short = 'c', value_name = "N")]
+    pub ctx_size: Option<usize>,
+    /// Prompt tokens processed per step at most; a longer prompt is fed in chunks between other
+    /// sequences' steps. Default: sized so a step's activations stay within the plan's working
+    /// memory (64-512).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub prefill_chunk: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -210,6 +219,9 @@ impl MemArgs {
                 Io::Mmap => strata_experts::IoMode::Mmap,
             },
             spine: self.spine.mode(),
+            ctx_size: self.ctx_size,
+            sequences: 1,
+            prefill_chunk: self.prefill_chunk.map(|n| n as usize),
         }
     }
 }

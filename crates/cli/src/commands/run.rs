@@ -155,6 +155,8 @@ pub fn run(args: RunArgs) -> Result<()> {
                 }
             }
             GenEvent::Done { reason: r } => reason = Some(r),
+            // `generate` returns a failure as its error.
+            GenEvent::Failed { .. } => {}
         })?
         .remove(0);
     let total_s = t_gen.elapsed().as_secs_f64();

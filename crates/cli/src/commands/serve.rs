@@ -2,9 +2,10 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Result;
-use strata_server::ServeOptions;
+use strata_server::{Access, ApiKey, Limits, ServeOptions};
 
 use super::{MemArgs, ModelArg};
 
@@ -34,10 +35,47 @@ pub struct ServeArgs {
     /// Largest request body accepted, e.g. 8M (413 past it).
     #[arg(long, value_name = "SIZE", value_parser = strata_runtime::parse_size, default_value = "8M")]
     max_body: usize,
+    /// Let web pages from this origin (e.g. https://chat.example.com, or `*`) call the API
+    /// from a browser, with CORS. Without it, browser requests from other sites are refused.
+    #[arg(long, value_name = "ORIGIN")]
+    allowed_origin: Vec<String>,
+    /// Answer requests whose Host header names this host (beyond localhost and the address
+    /// listened on), e.g. a LAN name; `*` for any. Guards a loopback server against DNS rebinding.
+    #[arg(long, value_name = "NAME")]
+    allowed_host: Vec<String>,
+    /// Open connections at most (past it, new ones get a 503).
+    #[arg(long, default_value_t = 512, value_name = "N")]
+    max_connections: usize,
+    /// Seconds a request's headers may take to arrive; also how long an idle kept-alive
+    /// connection stays open.
+    #[arg(long, default_value_t = 10.0, value_name = "SECONDS")]
+    header_timeout: f64,
+    /// Seconds a request's body may take to arrive (408 past it).
+    #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
+    body_timeout: f64,
+    /// Seconds a client may take nothing of what it is sent before its connection is closed
+    /// (and its generation stopped).
+    #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
+    stall_timeout: f64,
+}
+
+fn seconds(flag: &str, s: f64) -> Result<Duration> {
+    Duration::try_from_secs_f64(s)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| anyhow::anyhow!("--{flag} must be a positive number of seconds, got {s}"))
 }
 
 pub fn serve(args: ServeArgs) -> Result<()> {
-    let (engine, dir) = args.model.load(&args.mem.load_options())?;
+    let limits = Limits {
+        max_connections: args.max_connections.max(1),
+        header_timeout: seconds("header-timeout", args.header_timeout)?,
+        body_timeout: seconds("body-timeout", args.body_timeout)?,
+        stall_timeout: seconds("stall-timeout", args.stall_timeout)?,
+    };
+    let mut load = args.mem.load_options();
+    load.sequences = args.max_concurrent.max(1);
+    let (engine, dir) = args.model.load(&load)?;
     let name = args.served_model_name.clone().unwrap_or_else(|| {
         dir.canonicalize()
             .ok()
@@ -45,12 +83,16 @@ pub fn serve(args: ServeArgs) -> Result<()> {
             .unwrap_or_else(|| "strata".into())
     });
     let options = ServeOptions {
-        addr: SocketAddr::new(args.host, args.port),
-        api_key: args.api_key.filter(|k| !k.is_empty()),
-        served_model_name: name,
+        api_key: args.api_key.and_then(ApiKey::new),
         max_concurrent: args.max_concurrent.max(1),
         max_queued: args.max_queued,
         body_limit: args.max_body,
+        access: Access {
+            hosts: args.allowed_host,
+            origins: args.allowed_origin,
+        },
+        limits,
+        ..ServeOptions::new(SocketAddr::new(args.host, args.port), name)
     };
     strata_server::serve_blocking(Arc::new(engine), options)
 }

@@ -1,0 +1,44 @@
+//! Faults injected on purpose, to test that a failing or panicking forward pass stays with its
+//! request (and that a panic stops the engine cleanly). Off unless set; debug builds read them
+//! from `STRATA_FAULT_FAIL_ON_TOKEN` / `STRATA_FAULT_PANIC_ON_TOKEN` (a token id) at load.
+
+use strata_models::SeqInput;
+
+use crate::EngineError;
+
+#[derive(Clone, Debug, Default)]
+pub struct Faults {
+    /// A forward pass over a sequence that feeds this token fails (as a failed read would).
+    pub fail_on_token: Option<u32>,
+    /// A forward pass over a sequence that feeds this token panics.
+    pub panic_on_token: Option<u32>,
+}
+
+impl Faults {
+    /// What the environment asks for (debug builds only).
+    pub fn from_env() -> Faults {
+        if !cfg!(debug_assertions) {
+            return Faults::default();
+        }
+        let token = |name: &str| std::env::var(name).ok().and_then(|v| v.trim().parse().ok());
+        Faults {
+            fail_on_token: token("STRATA_FAULT_FAIL_ON_TOKEN"),
+            panic_on_token: token("STRATA_FAULT_PANIC_ON_TOKEN"),
+        }
+    }
+
+    /// Fails or panics as set, before the pass runs.
+    pub(crate) fn check(&self, batch: &[SeqInput<'_>]) -> Result<(), EngineError> {
+        let feeds = |t: Option<u32>| t.is_some_and(|t| batch.iter().any(|s| s.tokens.contains(&t)));
+        if feeds(self.panic_on_token) {
+            panic!("injected panic (STRATA_FAULT_PANIC_ON_TOKEN)");
+        }
+        if feeds(self.fail_on_token) {
+            return Err(EngineError::Injected(format!(
+                "injected failure on token {} (STRATA_FAULT_FAIL_ON_TOKEN)",
+                self.fail_on_token.unwrap_or_default()
+            )));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,162 @@
+//! One sequence of a [`crate::Batch`]: its request, decoding state, sampler, detokenizer and stop
+//! matcher, and what it does with the logits of its last position (sample, stream, finish).
+
+use strata_models::KvCache;
+use strata_tokenizer::StreamDecoder;
+
+use crate::{
+    Engine, EngineError, FinishReason, GenEvent, Request, RequestExtras, Sampler, StopMatcher, TokenLogprobs,
+};
+
+pub(crate) struct SeqState {
+    /// The caller's id for this sequence.
+    pub id: u64,
+    pub request: Request,
+    pub extras: RequestExtras,
+    pub cache: KvCache,
+    sampler: Sampler,
+    seen: Vec<u32>,
+    pub generated: Vec<u32>,
+    decoder: StreamDecoder,
+    stop: StopMatcher,
+    /// Tokens not yet fed to the model: the prompt (fed a chunk per step), then one sampled
+    /// token at a time.
+    pub pending: Vec<u32>,
+}
+
+/// log-softmax of `logits` at `id` and the `k` most likely tokens (masked ones never among them).
+pub(crate) fn logprobs_of(logits: &[f32], id: u32, k: usize) -> TokenLogprobs {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let lse = max + logits.iter().map(|l| ((l - max) as f64).exp()).sum::<f64>().ln() as f32;
+    let mut order: Vec<u32> = (0..logits.len() as u32)
+        .filter(|&t| logits[t as usize].is_finite())
+        .collect();
+    let k = k.min(order.len());
+    if k > 0 {
+        order.select_nth_unstable_by(k - 1, |&a, &b| {
+            logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b))
+        });
+        order.truncate(k);
+        order.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
+    } else {
+        order.clear();
+    }
+    TokenLogprobs {
+        logprob: logits[id as usize] - lse,
+        top: order.iter().map(|&t| (t, logits[t as usize] - lse)).collect(),
+    }
+}
+
+impl SeqState {
+    pub fn new(engine: &Engine, id: u64, request: Request, extras: RequestExtras) -> SeqState {
+        let mut cache = engine.new_cache();
+        cache.reserve(engine.positions(&request));
+        SeqState {
+            id,
+            cache,
+            sampler: Sampler::new(request.sampling.clone()),
+            seen: request.prompt.clone(),
+            generated: Vec::new(),
+            decoder: StreamDecoder::new(!extras.keep_special),
+            stop: StopMatcher::new(request.stop.clone()),
+            pending: request.prompt.clone(),
+            request,
+            extras,
+        }
+    }
+
+    /// Whether the next feed is (part of) a prompt rather than one sampled token.
+    pub fn prefilling(&self) -> bool {
+        self.pending.len() > 1
+    }
+
+    /// Samples from the last position's `logits` (V,), streams the token's text, and says
+    /// whether the sequence ends. Ids the tokenizer cannot decode (`masked`) are never sampled.
+    /// Returns (finish, the consumer still wants it).
+    pub fn advance(
+        &mut self,
+        engine: &Engine,
+        mut logits: Vec<f32>,
+        on_event: &mut dyn FnMut(u64, GenEvent<'_>) -> bool,
+    ) -> Result<(Option<FinishReason>, bool), EngineError> {
+        for &id in &engine.masked_ids {
+            if let Some(l) = logits.get_mut(id as usize) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        let id = self.sampler.sample(&logits, &self.seen, &self.generated);
+        let lp = self.extras.logprobs.map(|k| logprobs_of(&logits, id, k));
+        self.seen.push(id);
+        self.generated.push(id);
+        self.pending = vec![id];
+
+        let is_eos = engine.generation.eos_token_ids.contains(&id);
+        let ends = is_eos && !self.request.ignore_eos;
+        let mut text = String::new();
+        let mut stop_hit = false;
+        if let (Some(tok), false) = (&engine.tokenizer, ends) {
+            if let Some(delta) = self.decoder.push(tok, id)? {
+                let (out, hit) = self.stop.push(&delta);
+                text = out;
+                stop_hit = hit;
+            }
+        }
+        let ctx = engine.memory.ctx_size;
+        let mut finish = if stop_hit || ends {
+            Some(FinishReason::Stop)
+        } else if self.generated.len() >= self.request.max_new_tokens || self.cache.len + 1 >= ctx {
+            Some(FinishReason::Length)
+        } else {
+            None
+        };
+        if finish.is_some() && !stop_hit {
+            // Release what the detokenizer and the stop matcher still hold.
+            if let Some(tok) = &engine.tokenizer {
+                if let Some(rest) = self.decoder.flush(tok)? {
+                    let (out, hit) = self.stop.push(&rest);
+                    text.push_str(&out);
+                    stop_hit = hit;
+                }
+            }
+            if stop_hit {
+                finish = Some(FinishReason::Stop);
+            } else {
+                text.push_str(&self.stop.finish());
+            }
+        }
+        let alive = on_event(
+            self.id,
+            GenEvent::Token {
+                id,
+                text: &text,
+                logprobs: lp.as_ref(),
+            },
+        );
+        Ok((finish, alive))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logprobs_are_a_log_softmax_with_the_top_tokens_first() {
+        let logits = [1.0f32, 3.0, 2.0, 3.0];
+        let lp = logprobs_of(&logits, 2, 3);
+        let z: f32 = logits.iter().map(|l| l.exp()).sum();
+        assert!((lp.logprob - (2f32.exp() / z).ln()).abs() < 1e-6);
+        let ids: Vec<u32> = lp.top.iter().map(|t| t.0).collect();
+        assert_eq!(ids, vec![1, 3, 2]);
+        assert!(logprobs_of(&logits, 0, 0).top.is_empty());
+    }
+
+    #[test]
+    fn masked_ids_never_appear_among_the_top_logprobs() {
+        let logits = [1.0f32, f32::NEG_INFINITY, 2.0];
+        let lp = logprobs_of(&logits, 0, 5);
+        let ids: Vec<u32> = lp.top.iter().map(|t| t.0).collect();
+        assert_eq!(ids, vec![2, 0]);
+        assert!(lp.top.iter().all(|t| t.1.is_finite()));
+    }
+}
