@@ -81,6 +81,9 @@ pub struct LoadOptions {
     /// Sequences decoded at once that decoding state is reserved for (the server's
     /// `--max-concurrent`; 0 counts as 1).
     pub sequences: usize,
+    /// Positions of decoding state all sequences share (`--state-tokens`). Default: `sequences`
+    /// contexts, within the decoding-state share of `mem`.
+    pub state_tokens: Option<usize>,
     /// Prompt tokens processed per step at most (`--prefill-chunk`). Default: sized to the
     /// model's hidden dimension so one step's activations stay within the working memory.
     pub prefill_chunk: Option<usize>,

@@ -113,6 +113,15 @@ impl MemoryPlan {
             per_sequence: plan.state_bytes_per_sequence,
         };
         let (ctx_size, state_tokens) = state.pool(mem, options.ctx_size, sequences)?;
+        let state_tokens = match options.state_tokens {
+            Some(n) if n < ctx_size => {
+                return Err(EngineError::BadCtxSize(format!(
+                    "--state-tokens {n} is less than one sequence's context ({ctx_size}, --ctx-size)"
+                )))
+            }
+            Some(n) => n,
+            None => state_tokens,
+        };
         let prefill_chunk = options
             .prefill_chunk
             .unwrap_or_else(|| default_prefill_chunk(plan.hidden_dim))

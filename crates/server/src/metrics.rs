@@ -17,6 +17,8 @@ pub struct Metrics {
     pub engine_errors: AtomicU64,
     pub queued: AtomicU64,
     pub running: AtomicU64,
+    /// Decoding-state positions the running sequences hold.
+    pub reserved_positions: AtomicU64,
     /// (sum seconds, count) of time to first token.
     ttft: Mutex<(f64, u64)>,
     /// (busy seconds, tokens) of decode steps.
@@ -78,7 +80,7 @@ impl Metrics {
         metric(
             "engine_errors_total",
             "counter",
-            "Failed engine steps.",
+            "Sequences that failed in the engine (each ended alone).",
             get(&self.engine_errors),
         );
         metric(
@@ -92,6 +94,18 @@ impl Metrics {
             "gauge",
             "Sequences in the batch.",
             get(&self.running),
+        );
+        metric(
+            "state_positions_reserved",
+            "gauge",
+            "Decoding-state positions the running sequences hold (prompt + max_tokens each).",
+            get(&self.reserved_positions),
+        );
+        metric(
+            "state_positions_total",
+            "gauge",
+            "Decoding-state positions all sequences share (--state-tokens).",
+            engine.memory.state_tokens as f64,
         );
         let (ttft_sum, ttft_n) = *self.ttft.lock().expect("metrics lock");
         let _ = writeln!(

@@ -197,6 +197,9 @@ impl EngineThread<'_> {
             self.metrics
                 .running
                 .store(self.running.len() as u64, Ordering::Relaxed);
+            self.metrics
+                .reserved_positions
+                .store(self.reserved as u64, Ordering::Relaxed);
             if self.batch.is_empty() {
                 continue;
             }
@@ -209,6 +212,9 @@ impl EngineThread<'_> {
             self.metrics
                 .running
                 .store(self.running.len() as u64, Ordering::Relaxed);
+            self.metrics
+                .reserved_positions
+                .store(self.reserved as u64, Ordering::Relaxed);
         }
     }
 

@@ -73,11 +73,13 @@ fn strftime_now(format: String) -> std::result::Result<String, Error> {
 struct Capped {
     out: Vec<u8>,
     limit: usize,
+    overflowed: bool,
 }
 
 impl std::io::Write for Capped {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         if self.out.len() + buf.len() > self.limit {
+            self.overflowed = true;
             return Err(std::io::Error::other(format!(
                 "the rendered prompt is larger than {} MiB",
                 self.limit >> 20
@@ -173,10 +175,16 @@ impl ChatTemplate {
         let mut out = Capped {
             out: Vec::new(),
             limit: MAX_RENDERED_BYTES,
+            overflowed: false,
         };
-        template
-            .render_captured_to(JValue::from_serialize(&ctx), &mut out)
-            .map_err(|e| TokenizerError::Template(format!("{e:#}")))?;
+        let rendered = template.render_captured_to(JValue::from_serialize(&ctx), &mut out);
+        if out.overflowed {
+            return Err(TokenizerError::Template(format!(
+                "the rendered prompt is larger than {} MiB",
+                MAX_RENDERED_BYTES >> 20
+            )));
+        }
+        rendered.map_err(|e| TokenizerError::Template(format!("{e:#}")))?;
         String::from_utf8(out.out)
             .map_err(|e| TokenizerError::Template(format!("the output is not UTF-8: {e}")))
     }

@@ -22,6 +22,9 @@ pub struct InspectArgs {
     /// Plan decoding state for this context per sequence (see `strata run --help`).
     #[arg(long, short = 'c', value_name = "N")]
     ctx_size: Option<usize>,
+    /// Plan this decoding-state pool (see `strata run --help`).
+    #[arg(long, value_name = "N")]
+    state_tokens: Option<usize>,
     /// Plan decoding state for this many sequences at once, as `strata serve --max-concurrent`
     /// does (default 1, as `strata run`).
     #[arg(long, default_value_t = 1, value_name = "N")]
@@ -92,6 +95,7 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
         expert_cache: args.expert_cache,
         spine: args.spine.mode(),
         ctx_size: args.ctx_size,
+        state_tokens: args.state_tokens,
         sequences: args.max_concurrent,
         prefill_chunk: args.prefill_chunk,
         ..Default::default()

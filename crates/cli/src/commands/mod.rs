@@ -158,6 +158,11 @@ pub struct MemArgs {
     /// reserved in --mem. Default: the model's context, capped by an eighth of --mem.
     #[arg(long, short = 'c', value_name = "N")]
     pub ctx_size: Option<usize>,
+    /// Positions of decoding state all sequences share (`serve` admits a request when its
+    /// prompt + max_tokens fit what is free). Default: one --ctx-size per sequence
+    /// (--max-concurrent), within an eighth of --mem.
+    #[arg(long, value_name = "N")]
+    pub state_tokens: Option<usize>,
     /// Prompt tokens processed per step at most; a longer prompt is fed in chunks between other
     /// sequences' steps. Default: sized so a step's activations stay within the plan's working
     /// memory (64-512).
@@ -220,6 +225,7 @@ impl MemArgs {
             },
             spine: self.spine.mode(),
             ctx_size: self.ctx_size,
+            state_tokens: self.state_tokens,
             sequences: 1,
             prefill_chunk: self.prefill_chunk.map(|n| n as usize),
         }
