@@ -189,3 +189,51 @@ impl ChatTemplate {
             .map_err(|e| TokenizerError::Template(format!("the output is not UTF-8: {e}")))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn render(source: &str, kwargs: serde_json::Value) -> Result<String> {
+        let t = ChatTemplate::new(source.to_string())?;
+        let messages = serde_json::json!([{"role": "user", "content": "hi"}]);
+        let kwargs = kwargs.as_object().cloned().unwrap_or_default();
+        t.render(&messages, None, true, &Map::new(), &kwargs)
+    }
+
+    #[test]
+    fn hostile_templates_fail_cleanly() {
+        // An endless loop runs out of fuel.
+        let e = render(
+            "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
+            serde_json::json!({}),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("fuel"), "{e}");
+        // Output past the cap.
+        let e = render(
+            "{% for i in range(1000) %}{{ 'x' * 100000 }}{% endfor %}",
+            serde_json::json!({}),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("larger than"), "{e}");
+        // A bad strftime format is an error; a good one renders.
+        let e = render("{{ strftime_now('%Q') }}", serde_json::json!({})).unwrap_err();
+        assert!(e.to_string().contains("strftime_now"), "{e}");
+        let year = render("{{ strftime_now('%Y') }}", serde_json::json!({})).unwrap();
+        assert_eq!(year.len(), 4, "{year}");
+        // Keyword arguments cannot replace what the renderer sets.
+        for key in RESERVED_TEMPLATE_KEYS {
+            let e = render("{{ messages }}", serde_json::json!({ *key: "x" })).unwrap_err();
+            assert!(e.to_string().contains(key), "{e}");
+        }
+        assert_eq!(
+            render(
+                "{{ greeting }} {{ messages[0].content }}",
+                serde_json::json!({"greeting": "yo"})
+            )
+            .unwrap(),
+            "yo hi"
+        );
+    }
+}

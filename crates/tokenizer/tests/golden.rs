@@ -257,3 +257,72 @@ fn kimi_k3_tokenizer_and_xtml_match_reference() {
         "only the structural open"
     );
 }
+
+/// A million repeated characters: the split pattern may give up (fancy-regex's backtracking
+/// limit), which is an error naming the tokenizer, never a panic; whatever encodes decodes back.
+#[test]
+fn pathological_input_is_an_error_or_tokens_never_a_panic() {
+    let inputs = [
+        " ".repeat(1_000_000),
+        format!("{}x", " ".repeat(1_000_000)),
+        "!".repeat(1_000_000),
+    ];
+    for name in [
+        "tokenizers/qwen3",
+        "tokenizers/deepseek-v3",
+        "tokenizers/tiktoken-kimi-style",
+        "kimi-k3-tiny",
+    ] {
+        let tok = Tokenizer::from_dir(&fixture(name)).unwrap();
+        for text in &inputs {
+            match tok.encode(text, false) {
+                Ok(ids) => assert_eq!(tok.decode(&ids, false).unwrap(), *text, "{name}"),
+                Err(e) => assert!(e.to_string().starts_with("tokenizer:"), "{name}: {e}"),
+            }
+            if let Some(tik) = tok.as_tiktoken() {
+                let _ = tik.encode_ordinary(text).map_err(|e| e.to_string());
+            }
+        }
+    }
+    // Through a chat rendering too (Kimi K3's XTML encodes each segment with the pattern).
+    let tok = Tokenizer::from_dir(&fixture("kimi-k3-tiny")).unwrap();
+    let messages = serde_json::json!([{"role": "user", "content": " ".repeat(1_000_000)}]);
+    let r = tok.encode_chat(&messages, None, true, &Default::default());
+    if let Err(e) = r {
+        assert!(e.to_string().contains("tokenizer"), "{e}");
+    }
+}
+
+/// A long run of tokens that never complete a character (a lone UTF-8 continuation byte, over
+/// and over) is released lossily every few tokens, not held (and re-decoded) to the end.
+#[test]
+fn broken_utf8_is_released_within_a_bounded_window() {
+    let tok = Tokenizer::from_dir(&fixture("qwen3-moe-tiny")).unwrap();
+    let lone = (0..256u32)
+        .find(|&id| tok.decode(&[id], false).unwrap() == "\u{FFFD}")
+        .expect("a byte token that is not UTF-8 on its own");
+    let mut d = strata_tokenizer::StreamDecoder::new(false);
+    let (mut out, mut held) = (String::new(), 0);
+    for _ in 0..5000 {
+        match d.push(&tok, lone).unwrap() {
+            Some(text) => {
+                out.push_str(&text);
+                held = 0;
+            }
+            None => held += 1,
+        }
+        assert!(held < strata_tokenizer::MAX_HELD, "held {held} tokens");
+    }
+    out.push_str(&d.flush(&tok).unwrap().unwrap_or_default());
+    assert!(!out.is_empty() && out.chars().all(|c| c == '\u{FFFD}'), "{out:?}");
+    // Real text still streams exactly.
+    let text = "héllo 😀 wörld";
+    let ids = tok.encode(text, false).unwrap();
+    let mut d = strata_tokenizer::StreamDecoder::new(false);
+    let mut out = String::new();
+    for id in ids {
+        out.push_str(&d.push(&tok, id).unwrap().unwrap_or_default());
+    }
+    out.push_str(&d.flush(&tok).unwrap().unwrap_or_default());
+    assert_eq!(out, text);
+}
