@@ -137,6 +137,22 @@ fn tensor_offsets_out_of_range() {
 }
 
 #[test]
+fn tensor_offsets_that_wrap_past_u64_max() {
+    // begin + the data section's start would wrap around to a small, in-file offset.
+    let s = Scratch::new("wrapped");
+    let shard = shard_names(&s.0)[0].clone();
+    let mut name = String::new();
+    edit_header(&s.path(&shard), |h| {
+        name = first_tensor(h);
+        let offs = h[&name]["data_offsets"].clone();
+        let len = offs[1].as_u64().unwrap() - offs[0].as_u64().unwrap();
+        let begin = u64::MAX - len;
+        h[&name]["data_offsets"] = serde_json::json!([begin, begin + len]);
+    });
+    expect_error(&s.0, &[&shard, &name, "past the end"]);
+}
+
+#[test]
 fn missing_shard_named_by_the_index() {
     let s = Scratch::new("missing-shard");
     let shard = shard_names(&s.0)[2].clone();

@@ -3,7 +3,9 @@
 //! stalls and still gives the local folder's exact logits; persistent faults end with a clear
 //! error and leave nothing bad in the cache; `strata pull` killed with SIGKILL at random moments
 //! leaves a cache that verifies and gives the same logits; a served file that differs from what
-//! its header and `X-Linked-Etag` promised is caught.
+//! its header and `X-Linked-Etag` promised is caught; hostile responses (a body longer than its
+//! range, a header length of `FF` x 8), a file changed on the server at the same size, and a
+//! cache on a full disk end with clear errors and a cache that verifies.
 
 mod common;
 
@@ -254,4 +256,118 @@ fn a_served_file_that_differs_from_its_promise_is_caught() {
         "{err}"
     );
     let _ = std::fs::remove_dir_all(&copy);
+}
+
+fn verify(cache: &Path) {
+    let v = strata(
+        &["cache", "verify", "--cache-dir", cache.to_str().unwrap()],
+        "http://unused",
+        &[],
+    );
+    assert!(
+        v.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&v.stdout),
+        stderr(&v)
+    );
+}
+
+#[test]
+fn hostile_responses_fail_clearly_and_the_cache_verifies() {
+    use common::faults::Fault;
+    let server = Nginx::start("hostile", &[("test/m", &fixture(MODEL))]);
+    let cache = server.root.join("cache");
+    for (fault, says) in [
+        (Fault::LongBody, "longer than"),
+        (Fault::HugeHeaderLength, "header length 18446744073709551615"),
+    ] {
+        let proxy = FaultProxy::start(server.port, Schedule::Always(fault), None);
+        let out = logits_via(&proxy.endpoint(), &cache, &[], &[("STRATA_HTTP_ATTEMPTS", "2")]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{fault:?}: {err}");
+        assert!(
+            err.contains(says) && err.contains("/test/m/resolve/"),
+            "{fault:?}: {err}"
+        );
+        verify(&cache);
+    }
+    let out = logits_via(&server.endpoint(), &cache, &[], &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), local_logits());
+    verify(&cache);
+}
+
+#[test]
+fn a_file_changed_on_the_server_at_the_same_size_is_caught() {
+    let copy: PathBuf = std::env::temp_dir().join(format!("strata-same-size-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&copy);
+    copy_dir(&fixture(MODEL), &copy);
+    let server = Nginx::start("same-size", &[("test/m", &copy)]);
+    let cache = server.root.join("cache");
+    let c = cache.to_str().unwrap();
+    // Headers and resident weights cached; experts not yet.
+    let out = strata(
+        &["pull", "hf://test/m", "--experts", "none", "--cache-dir", c],
+        &server.endpoint(),
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Every shard rewritten with other bytes in its last KiB, at the same size and a new time.
+    for e in std::fs::read_dir(&copy).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        if !name.starts_with("model-") || !name.ends_with(".safetensors") {
+            continue;
+        }
+        let mut bytes = std::fs::read(&p).unwrap();
+        let n = bytes.len();
+        bytes[n - 1024..].iter_mut().for_each(|b| *b ^= 0x55);
+        std::fs::write(&p, &bytes).unwrap();
+        let later = std::time::SystemTime::now() + Duration::from_secs(120);
+        std::fs::File::options()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_modified(later)
+            .unwrap();
+    }
+    let out = strata(
+        &["pull", "hf://test/m", "--experts", "all", "--cache-dir", c],
+        &server.endpoint(),
+        &[],
+    );
+    let err = stderr(&out);
+    assert!(
+        !out.status.success() && err.contains("changed on the server"),
+        "{err}"
+    );
+    verify(&cache);
+    let _ = std::fs::remove_dir_all(&copy);
+}
+
+#[test]
+fn a_full_cache_disk_is_a_clear_error_and_trusts_nothing_wrong() {
+    // The cache on a 1 MiB tmpfs (in a private mount namespace) cannot hold the model's 4 MB.
+    let server = Nginx::start("full", &[("test/m", &fixture(MODEL))]);
+    let cache = server.root.join("cache");
+    std::fs::create_dir_all(&cache).unwrap();
+    let bin = env!("CARGO_BIN_EXE_strata");
+    let c = cache.to_str().unwrap();
+    let script = format!(
+        "mount -t tmpfs -o size=1m tmpfs {c} || exit 97; \
+         {bin} pull hf://test/m --experts all --cache-dir {c}; echo \"pull-rc=$?\" >&2; \
+         {bin} cache verify --cache-dir {c} >&2; echo \"verify-rc=$?\" >&2"
+    );
+    let out = Command::new("unshare")
+        .args(["-rm", "sh", "-c", &script])
+        .env("HF_ENDPOINT", server.endpoint())
+        .env("HF_HOME", std::env::temp_dir().join("strata-test-no-hf-home"))
+        .env("STRATA_HTTP_BACKOFF_MS", "20")
+        .output()
+        .expect("unshare (util-linux)");
+    let err = stderr(&out);
+    assert_ne!(out.status.code(), Some(97), "could not mount a tmpfs: {err}");
+    assert!(err.contains("disk is full"), "{err}");
+    assert!(!err.contains("pull-rc=0"), "{err}");
+    assert!(err.contains("verify-rc=0"), "{err}");
 }

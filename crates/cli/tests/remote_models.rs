@@ -253,9 +253,24 @@ fn files_in_the_hugging_face_cache_are_reused() {
         if e.file_name().to_string_lossy().ends_with(".safetensors")
             && !e.file_name().to_string_lossy().starts_with("golden")
         {
-            std::os::unix::fs::symlink(e.path(), snap.join(e.file_name())).unwrap();
+            std::fs::copy(e.path(), snap.join(e.file_name())).unwrap();
         }
     }
+    // (name, bytes, modification time): a write of the same bytes shows in the time.
+    type Seen = (std::ffi::OsString, Vec<u8>, std::time::SystemTime);
+    let hub_bytes = || -> Vec<Seen> {
+        let mut v: Vec<_> = std::fs::read_dir(&snap)
+            .unwrap()
+            .map(|e| e.unwrap())
+            .map(|e| {
+                let modified = e.metadata().unwrap().modified().unwrap();
+                (e.file_name(), std::fs::read(e.path()).unwrap(), modified)
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let before = hub_bytes();
     let g = golden(name);
     let ids = csv(&as_u32s(&g["prompts"][0]["ids"]));
     let local = fixture(name);
@@ -285,6 +300,28 @@ fn files_in_the_hugging_face_cache_are_reused() {
         server.requests("206 "),
         0,
         "shards in the HF cache were fetched anyway"
+    );
+    // Without that Hugging Face cache (another HF_HUB_CACHE), the mirror's links into it are
+    // replaced by files of its own: fetched by range, never written through the links.
+    let (ok, got, err) = strata(
+        &[
+            "logits",
+            "--model",
+            "hf://test/reuse",
+            "--ids",
+            &ids,
+            "--cache-dir",
+            cache.to_str().unwrap(),
+        ],
+        &server.endpoint(),
+        &[("HF_HUB_CACHE", server.root.join("no-hub").to_str().unwrap())],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(got, want);
+    assert!(server.requests("206 ") > 0);
+    assert!(
+        hub_bytes() == before,
+        "bytes were written into the Hugging Face cache"
     );
 }
 

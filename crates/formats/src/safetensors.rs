@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use crate::{DType, FormatError, Result};
 
 /// Headers larger than this are refused rather than allocated (real checkpoints stay far below).
-const MAX_HEADER_BYTES: u64 = 256 << 20;
+pub const MAX_HEADER_BYTES: u64 = 256 << 20;
 
 #[derive(Clone, Debug)]
 pub struct TensorInfo {

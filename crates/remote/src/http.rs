@@ -3,15 +3,33 @@
 //! 5xx, 429 (honouring `Retry-After`), timeouts, resets and short or wrong bodies, then a clear
 //! error naming the URL and range. Redirects are followed by hand: the token goes only to the
 //! endpoint's own host, and a redirect target is remembered until it expires.
+//!
+//! Bodies are never trusted for their size: a range body is read in chunks of at most
+//! [`CHUNK`] bytes straight to its sink (the cache file), and one byte more than asked for is an
+//! error; a whole file is read up to [`MAX_WHOLE_FILE`] bytes. Each read of the body has its
+//! own timeout, so a slow link is slow, not failed, as long as bytes keep coming.
 
 use std::collections::HashMap;
+use std::io::Read;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use reqwest::blocking::Client;
-use reqwest::header::{HeaderMap, AUTHORIZATION, CONTENT_RANGE, LOCATION, RANGE, RETRY_AFTER};
+use reqwest::blocking::{Client, Response};
+use reqwest::header::{
+    HeaderMap, AUTHORIZATION, CONTENT_LENGTH, CONTENT_RANGE, ETAG, LAST_MODIFIED, LOCATION, RANGE,
+    RETRY_AFTER,
+};
 use reqwest::StatusCode;
+
+/// Bytes a body is read in (to the sink) at most.
+pub const CHUNK: usize = 1 << 20;
+/// Whole files (configs, tokenizers, index) larger than this are refused.
+pub const MAX_WHOLE_FILE: u64 = 256 << 20;
+
+/// Where a range body goes: `(offset in the file, bytes)`, in order from the range's start (a
+/// retry starts over from it). An Err (a full disk, say) ends the fetch at once, unretried.
+pub type Sink<'a> = &'a mut dyn FnMut(u64, &[u8]) -> Result<(), String>;
 
 /// How hard to try.
 #[derive(Clone, Debug)]
@@ -50,12 +68,29 @@ impl std::fmt::Display for FetchError {
 }
 
 pub struct Fetched {
+    /// A whole file's bytes (empty for range reads: they went to their sink).
     pub body: Vec<u8>,
     /// Headers of the first response of the redirect chain and of the last, merged (the first
     /// wins: `X-Repo-Commit` and `X-Linked-Etag` come on the resolve response).
     pub headers: HeaderMap,
     /// For range reads: the file's total size from `Content-Range`.
     pub total: Option<u64>,
+    /// The final response's `ETag`, else its `Last-Modified`: what changes when the file does.
+    pub validator: Option<String>,
+}
+
+/// The final response's validator of the file's version.
+fn validator(final_headers: &HeaderMap) -> Option<String> {
+    let etag = final_headers.get(ETAG).and_then(|v| v.to_str().ok());
+    let modified = final_headers.get(LAST_MODIFIED).and_then(|v| v.to_str().ok());
+    etag.map(|e| format!("etag {}", e.trim_start_matches("W/")))
+        .or_else(|| modified.map(|m| format!("last-modified {m}")))
+}
+
+/// What an attempt does with the body.
+enum Body<'a> {
+    Whole,
+    Range { offset: u64, len: u64, sink: Sink<'a> },
 }
 
 pub struct Http {
@@ -143,8 +178,8 @@ impl Http {
         })
     }
 
-    /// One request, redirects followed. Returns the final status, merged headers and body.
-    fn send(&self, url: &str, range: Option<(u64, u64)>) -> Result<(StatusCode, HeaderMap, Vec<u8>), String> {
+    /// One request, redirects followed. Returns the final response and the merged headers.
+    fn send(&self, url: &str, range: Option<(u64, u64)>) -> Result<(Response, HeaderMap), String> {
         let cached = {
             let map = self.redirects.lock().expect("redirect cache");
             map.get(url)
@@ -186,10 +221,6 @@ impl Http {
                 target = next;
                 continue;
             }
-            let body = resp
-                .bytes()
-                .map_err(|e| format!("reading the body: {e}"))?
-                .to_vec();
             let mut merged = first_headers.unwrap_or_default();
             for (k, v) in headers.iter() {
                 if !merged.contains_key(k) {
@@ -204,67 +235,109 @@ impl Http {
                 // An expired signed redirect: forget it so the next attempt resolves again.
                 self.redirects.lock().expect("redirect cache").remove(url);
             }
-            return Ok((status, merged, body));
+            return Ok((resp, merged));
         }
         Err("more than 10 redirects".into())
     }
 
-    fn attempt(&self, url: &str, range: Option<(u64, u64)>) -> Attempt {
-        let (status, headers, body) = match self.send(url, range) {
+    fn attempt(&self, url: &str, body: &mut Body<'_>) -> Attempt {
+        let range = match body {
+            Body::Range { offset, len, .. } => Some((*offset, *offset + *len - 1)),
+            Body::Whole => None,
+        };
+        let (mut resp, headers) = match self.send(url, range) {
             Ok(r) => r,
             Err(e) => return Attempt::Retry { why: e, after: None },
         };
+        let status = resp.status();
         let retry_after = headers
             .get(RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<u64>().ok())
             .map(Duration::from_secs);
-        match status.as_u16() {
-            206 if range.is_some() => {
-                let (a, b) = range.expect("range");
-                match content_range(&headers) {
-                    Some((s, e, total)) if s == a && e == b && body.len() as u64 == b - a + 1 => {
-                        Attempt::Done(Fetched {
-                            body,
-                            headers,
-                            total: Some(total),
-                        })
+        let version = validator(resp.headers());
+        let declared = resp
+            .headers()
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        match (status.as_u16(), body) {
+            (206, Body::Range { offset, len, sink }) => {
+                let (a, b) = (*offset, *offset + *len - 1);
+                let total = match content_range(&headers) {
+                    Some((s, e, total)) if s == a && e == b && declared.is_none_or(|n| n == *len) => total,
+                    Some((s, e, total)) => {
+                        return Attempt::Retry {
+                            why: format!(
+                            "answered bytes {s}-{e}/{total} (Content-Length {declared:?}) for bytes {a}-{b}"
+                        ),
+                            after: None,
+                        }
                     }
-                    Some((s, e, total)) => Attempt::Retry {
-                        why: format!("answered bytes {s}-{e}/{total} with a {}-byte body", body.len()),
-                        after: None,
-                    },
-                    None => Attempt::Retry {
-                        why: "206 without a valid Content-Range".into(),
-                        after: None,
-                    },
-                }
-            }
-            200 if range.is_some() => Attempt::Retry {
-                why: format!(
-                    "200 with {} bytes instead of 206 (the server ignored Range)",
-                    body.len()
-                ),
-                after: None,
-            },
-            200 => {
-                let want = headers
-                    .get(reqwest::header::CONTENT_LENGTH)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.parse::<u64>().ok());
-                match want {
-                    Some(n) if n != body.len() as u64 => Attempt::Retry {
-                        why: format!("Content-Length {n} but {} bytes arrived", body.len()),
-                        after: None,
-                    },
-                    _ => Attempt::Done(Fetched {
-                        body,
+                    None => {
+                        return Attempt::Retry {
+                            why: "206 without a valid Content-Range".into(),
+                            after: None,
+                        }
+                    }
+                };
+                match read_range(&mut resp, a, *len, sink) {
+                    Ok(()) => Attempt::Done(Fetched {
+                        body: Vec::new(),
                         headers,
-                        total: None,
+                        total: Some(total),
+                        validator: version,
+                    }),
+                    Err(ReadError::Server(why)) => Attempt::Retry { why, after: None },
+                    Err(ReadError::Sink(message)) => Attempt::Fail(FetchError {
+                        not_found: false,
+                        message,
                     }),
                 }
             }
-            401 | 403 => Attempt::Fail(FetchError {
+            (200, Body::Range { .. }) => Attempt::Retry {
+                why: "200 instead of 206 (the server ignored Range)".into(),
+                after: None,
+            },
+            (200, Body::Whole) => {
+                if declared.is_some_and(|n| n > MAX_WHOLE_FILE) {
+                    return Attempt::Fail(FetchError {
+                        not_found: false,
+                        message: format!(
+                            "the file is {} bytes, more than the {MAX_WHOLE_FILE} a whole-file read takes",
+                            declared.unwrap_or_default()
+                        ),
+                    });
+                }
+                let mut bytes = Vec::new();
+                if let Err(e) = (&mut resp).take(MAX_WHOLE_FILE + 1).read_to_end(&mut bytes) {
+                    return Attempt::Retry {
+                        why: format!("reading the body: {e}"),
+                        after: None,
+                    };
+                }
+                if bytes.len() as u64 > MAX_WHOLE_FILE {
+                    return Attempt::Fail(FetchError {
+                        not_found: false,
+                        message: format!(
+                            "the body is longer than the {MAX_WHOLE_FILE} bytes a whole-file read takes"
+                        ),
+                    });
+                }
+                match declared {
+                    Some(n) if n != bytes.len() as u64 => Attempt::Retry {
+                        why: format!("Content-Length {n} but {} bytes arrived", bytes.len()),
+                        after: None,
+                    },
+                    _ => Attempt::Done(Fetched {
+                        body: bytes,
+                        headers,
+                        total: None,
+                        validator: version,
+                    }),
+                }
+            }
+            (401 | 403, _) => Attempt::Fail(FetchError {
                 not_found: false,
                 message: format!(
                     "{status}: access denied (gated or private? set HF_TOKEN){}",
@@ -275,15 +348,15 @@ impl Http {
                     }
                 ),
             }),
-            404 => Attempt::Fail(FetchError {
+            (404, _) => Attempt::Fail(FetchError {
                 not_found: true,
                 message: "404 not found".into(),
             }),
-            416 => Attempt::Fail(FetchError {
+            (416, _) => Attempt::Fail(FetchError {
                 not_found: false,
                 message: "416: the range is past the end of the file (did it change on the server?)".into(),
             }),
-            429 | 500..=599 => Attempt::Retry {
+            (429 | 500..=599, _) => Attempt::Retry {
                 why: format!("{status}"),
                 after: retry_after,
             },
@@ -294,17 +367,21 @@ impl Http {
         }
     }
 
-    fn with_retries(&self, url: &str, range: Option<(u64, u64)>) -> Result<Fetched, FetchError> {
-        let what = match range {
-            Some((a, b)) => format!("{url} (bytes {a}-{b})"),
-            None => url.to_string(),
+    fn with_retries(&self, url: &str, mut body: Body<'_>) -> Result<Fetched, FetchError> {
+        let what = match &body {
+            Body::Range { offset, len, .. } => format!("{url} (bytes {offset}-{})", offset + len - 1),
+            Body::Whole => url.to_string(),
         };
         let mut delay = self.policy.backoff;
         let mut last = String::new();
         for attempt in 1..=self.policy.attempts.max(1) {
-            match self.attempt(url, range) {
+            match self.attempt(url, &mut body) {
                 Attempt::Done(f) => {
-                    self.bytes.fetch_add(f.body.len() as u64, Ordering::Relaxed);
+                    let n = match &body {
+                        Body::Range { len, .. } => *len,
+                        Body::Whole => f.body.len() as u64,
+                    };
+                    self.bytes.fetch_add(n, Ordering::Relaxed);
                     return Ok(f);
                 }
                 Attempt::Fail(mut e) => {
@@ -330,17 +407,83 @@ impl Http {
         })
     }
 
-    /// A whole file.
+    /// A whole file (at most [`MAX_WHOLE_FILE`] bytes).
     pub fn get(&self, url: &str) -> Result<Fetched, FetchError> {
-        self.with_retries(url, None)
+        self.with_retries(url, Body::Whole)
     }
 
-    /// Bytes [offset, offset + len) of a file, checked.
-    pub fn get_range(&self, url: &str, offset: u64, len: u64) -> Result<Fetched, FetchError> {
-        let f = self.with_retries(url, Some((offset, offset + len - 1)))?;
+    /// Bytes [offset, offset + len) of a file, checked, streamed to `sink` in chunks.
+    pub fn get_range(&self, url: &str, offset: u64, len: u64, sink: Sink<'_>) -> Result<Fetched, FetchError> {
+        if len == 0 {
+            return Err(FetchError {
+                not_found: false,
+                message: format!("{url}: an empty range at {offset}"),
+            });
+        }
+        let f = self.with_retries(url, Body::Range { offset, len, sink })?;
         self.range_requests.fetch_add(1, Ordering::Relaxed);
         Ok(f)
     }
+
+    /// Bytes [offset, offset + len) of a file into memory (small reads: a header).
+    pub fn get_range_bytes(
+        &self,
+        url: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<(Fetched, Vec<u8>), FetchError> {
+        let mut bytes = vec![0u8; len as usize];
+        let f = self.get_range(url, offset, len, &mut |at, chunk| {
+            let i = (at - offset) as usize;
+            bytes[i..i + chunk.len()].copy_from_slice(chunk);
+            Ok(())
+        })?;
+        Ok((f, bytes))
+    }
+}
+
+enum ReadError {
+    /// The server's fault (short, long or broken body): retried.
+    Server(String),
+    /// The sink's (the cache's): not retried.
+    Sink(String),
+}
+
+/// Reads exactly `len` bytes of a range body starting at file offset `offset` into `sink`, in
+/// chunks; a body that goes on past them is an error (at most one chunk more is read).
+fn read_range(resp: &mut Response, offset: u64, len: u64, sink: Sink<'_>) -> Result<(), ReadError> {
+    let mut buf = vec![0u8; (len as usize).saturating_add(1).min(CHUNK)];
+    let mut got = 0u64;
+    loop {
+        let n = resp
+            .read(&mut buf)
+            .map_err(|e| ReadError::Server(format!("reading the body after {got} of {len} bytes: {e}")))?;
+        if n == 0 {
+            break;
+        }
+        if got + n as u64 > len {
+            return Err(ReadError::Server(format!(
+                "the body is longer than the {len} bytes of its range"
+            )));
+        }
+        sink(offset + got, &buf[..n]).map_err(ReadError::Sink)?;
+        got += n as u64;
+        if got == len {
+            // One more read: the body must end here.
+            let extra = resp
+                .read(&mut buf[..1])
+                .map_err(|e| ReadError::Server(format!("reading the body: {e}")))?;
+            if extra > 0 {
+                return Err(ReadError::Server(format!(
+                    "the body is longer than the {len} bytes of its range"
+                )));
+            }
+            return Ok(());
+        }
+    }
+    Err(ReadError::Server(format!(
+        "the body ended after {got} of {len} bytes"
+    )))
 }
 
 /// A number in [0, 1) from the clock and a counter (jitter needs no quality).

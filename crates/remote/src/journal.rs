@@ -185,6 +185,29 @@ impl Journal {
         Ok(())
     }
 
+    /// Drops the runs `keep` refuses, under the lock (appends by other processes are never
+    /// lost): the records are rewritten in place; a crash midway leaves fewer runs trusted,
+    /// never a wrong one. Returns how many were dropped.
+    pub fn retain(&mut self, keep: impl Fn(&Run) -> bool) -> std::io::Result<usize> {
+        let _lock = Locked::new(&self.file)?;
+        self.reload()?;
+        let kept: Vec<Run> = self.runs.values().filter(|r| keep(r)).copied().collect();
+        let dropped = self.runs.len() - kept.len();
+        if dropped == 0 {
+            return Ok(0);
+        }
+        self.file.set_len(0)?;
+        self.file.sync_all()?;
+        let mut bytes = Vec::with_capacity(kept.len() * RECORD);
+        for r in &kept {
+            bytes.extend_from_slice(&encode(r));
+        }
+        (&self.file).write_all(&bytes)?;
+        self.file.sync_data()?;
+        self.runs = kept.into_iter().map(|r| ((r.offset, r.len), r)).collect();
+        Ok(dropped)
+    }
+
     /// Records a run whose bytes are already written and synced to the data file.
     pub fn append(&mut self, run: Run) -> std::io::Result<()> {
         let _lock = Locked::new(&self.file)?;
@@ -198,6 +221,36 @@ impl Journal {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn retain_drops_runs_in_place_and_keeps_others_appends() {
+        let dir = std::env::temp_dir().join(format!("strata-journal-retain-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("j");
+        let mut a = Journal::open(&path).unwrap();
+        let mut b = Journal::open(&path).unwrap();
+        for (offset, len) in [(0, 8), (8, 100), (200, 50)] {
+            a.append(Run {
+                offset,
+                len,
+                xxh3: offset,
+            })
+            .unwrap();
+        }
+        // Another process appended since `b` read the journal: retain sees it too.
+        a.append(Run {
+            offset: 500,
+            len: 10,
+            xxh3: 1,
+        })
+        .unwrap();
+        assert_eq!(b.retain(|r| r.offset != 8).unwrap(), 1);
+        let reread = Journal::open(&path).unwrap();
+        let offsets: Vec<u64> = reread.runs().map(|r| r.offset).collect();
+        assert_eq!(offsets, vec![0, 200, 500]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     use super::*;
 
     #[test]

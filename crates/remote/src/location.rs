@@ -144,8 +144,9 @@ impl Location {
         let name = match self {
             Location::Hf { repo, .. } => format!("hf--{}", slug(&repo.replace('/', "--"))),
             Location::Url(u) => {
-                let trimmed = u.split_once("://").map_or(u.as_str(), |(_, r)| r);
-                format!("url--{}", slug(trimmed.trim_end_matches('/')))
+                // The scheme is part of the name: http:// and https:// of one host are two sources.
+                let (scheme, rest) = u.split_once("://").unwrap_or(("http", u.as_str()));
+                format!("url--{scheme}--{}", slug(rest.trim_end_matches('/')))
             }
             Location::Local(_) => unreachable!("local folders have no cache"),
         };
@@ -176,7 +177,7 @@ impl Location {
                             format!("{url}: no X-Repo-Commit header: cannot pin `{revision}` to a commit")
                         })?;
                     std::fs::create_dir_all(refs.parent().expect("refs dir")).map_err(|e| e.to_string())?;
-                    std::fs::write(&refs, &commit).map_err(|e| format!("{}: {e}", refs.display()))?;
+                    crate::mirror::write_atomic(&refs, commit.as_bytes())?;
                     commit
                 } else {
                     std::fs::read_to_string(&refs)
@@ -244,5 +245,14 @@ mod tests {
             Location::Local("./models/x".into())
         );
         assert_eq!(slug("a/b c"), "a-b-c");
+    }
+
+    #[test]
+    fn http_and_https_of_one_host_are_cached_apart() {
+        let options = RemoteOptions::new(Some("/c".into()), true);
+        let a = Location::parse("http://host.example/m").model_root(&options);
+        let b = Location::parse("https://host.example/m").model_root(&options);
+        assert_ne!(a, b);
+        assert!(a.to_string_lossy().contains("url--http--host.example-m"), "{a:?}");
     }
 }

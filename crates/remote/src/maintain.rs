@@ -181,18 +181,9 @@ pub fn verify(dir: &Path, repair: bool) -> std::io::Result<VerifyReport> {
             }
         }
         if repair && !bad_here.is_empty() {
-            let keep: Vec<Run> = runs
-                .iter()
-                .filter(|r| !bad_here.iter().any(|(b, _)| b == r))
-                .copied()
-                .collect();
-            let tmp = journal_path.with_extension("rebuild");
-            let _ = std::fs::remove_file(&tmp);
-            let mut fresh = Journal::open(&tmp)?;
-            for r in keep {
-                fresh.append(r)?;
-            }
-            std::fs::rename(&tmp, &journal_path)?;
+            // Under the journal's lock, so a process fetching into this cache loses nothing.
+            let mut journal = journal;
+            journal.retain(|r| !bad_here.iter().any(|(b, _)| *b == r))?;
         }
         for (run, reason) in bad_here {
             report.bad.push(BadRun {

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -89,14 +89,57 @@ fn err(path: &Path, e: impl std::fmt::Display) -> String {
     format!("{}: {e}", path.display())
 }
 
+/// Bytes one range request asks for at most (a longer missing run is fetched in pieces).
+pub const MAX_REQUEST_BYTES: u64 = 64 << 20;
+
+/// A write to the cache that failed, saying so plainly when the disk is full.
+fn disk_error(path: &Path, e: std::io::Error) -> String {
+    if e.raw_os_error() == Some(libc::ENOSPC) || e.kind() == std::io::ErrorKind::StorageFull {
+        format!(
+            "{}: the cache's disk is full (nothing half-written is trusted; free space or use --cache-dir elsewhere)",
+            path.display()
+        )
+    } else {
+        err(path, e)
+    }
+}
+
 /// Writes a whole file atomically (temp file in the same folder, fsync, rename).
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), String> {
-    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-    std::fs::write(&tmp, bytes).map_err(|e| err(&tmp, e))?;
-    File::open(&tmp)
-        .and_then(|f| f.sync_all())
-        .map_err(|e| err(&tmp, e))?;
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    let tmp = temp_path(path);
+    let written = std::fs::write(&tmp, bytes)
+        .and_then(|_| File::open(&tmp)?.sync_all())
+        .map_err(|e| disk_error(&tmp, e));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
     std::fs::rename(&tmp, path).map_err(|e| err(path, e))
+}
+
+/// Copies a file atomically (a partial copy never takes the destination's name).
+fn copy_atomic(from: &Path, to: &Path) -> Result<(), String> {
+    let tmp = temp_path(to);
+    let copied = std::fs::copy(from, &tmp)
+        .and_then(|_| File::open(&tmp)?.sync_all())
+        .map_err(|e| disk_error(&tmp, e));
+    if let Err(e) = copied {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    std::fs::rename(&tmp, to).map_err(|e| err(to, e))
+}
+
+/// A temporary name beside `path`, unique to this process and call.
+fn temp_path(path: &Path) -> PathBuf {
+    use std::sync::atomic::AtomicU64;
+    static N: AtomicU64 = AtomicU64::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!(".{name}.tmp-{}-{n}", std::process::id()))
 }
 
 fn read_json(path: &Path) -> Option<Value> {
@@ -146,7 +189,7 @@ impl Mirror {
                 continue;
             }
             if let Some(found) = location.hf_cached_file(options, &self.dir, name) {
-                std::fs::copy(&found, &path).map_err(|e| err(&path, e))?;
+                copy_atomic(&found, &path)?;
                 continue;
             }
             let Some(http) = &self.http else {
@@ -204,9 +247,15 @@ impl Mirror {
             let path = self.dir.join(name);
             let journal_path = self.dir.join(format!("{name}{RUNS_SUFFIX}"));
             let hf = location.hf_cached_file(options, &self.dir, name);
+            // A link into the Hugging Face cache is read, never written through: with the
+            // complete file gone from there, it is replaced by a sparse file of our own.
+            let linked = std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink());
+            if linked && hf.is_none() {
+                std::fs::remove_file(&path).map_err(|e| err(&path, e))?;
+            }
             let complete = hf.is_some();
             if let Some(found) = hf {
-                if !path.exists() {
+                if !path.exists() && !linked {
                     std::os::unix::fs::symlink(&found, &path).map_err(|e| err(&path, e))?;
                 }
             } else if !path.exists() {
@@ -217,7 +266,9 @@ impl Mirror {
                     )
                 })?;
                 // The first 8 bytes give the header length and, in Content-Range, the file size.
-                let f = http.get_range(&self.url(name), 0, 8).map_err(|e| e.to_string())?;
+                let (f, first) = http
+                    .get_range_bytes(&self.url(name), 0, 8)
+                    .map_err(|e| e.to_string())?;
                 let total = f
                     .total
                     .ok_or_else(|| format!("{}: no file size in Content-Range", self.url(name)))?;
@@ -226,6 +277,7 @@ impl Mirror {
                     "sha256": f.headers.get("x-linked-etag").and_then(|v| v.to_str().ok())
                         .map(|s| s.trim_matches('"').to_string()),
                     "url": self.url(name),
+                    "version": f.validator,
                 });
                 write_atomic(
                     &self.dir.join(format!("{name}{META_SUFFIX}")),
@@ -239,7 +291,7 @@ impl Mirror {
                     .open(&tmp)
                     .map_err(|e| err(&tmp, e))?;
                 data.set_len(total).map_err(|e| err(&tmp, e))?;
-                data.write_all_at(&f.body, 0).map_err(|e| err(&tmp, e))?;
+                data.write_all_at(&first, 0).map_err(|e| err(&tmp, e))?;
                 data.sync_all().map_err(|e| err(&tmp, e))?;
                 // Another process may create the same shard at the same moment: the first link
                 // wins and only the winner starts its record afresh (a record left from an
@@ -252,7 +304,7 @@ impl Mirror {
                     j.append(Run {
                         offset: 0,
                         len: 8,
-                        xxh3: xxhash_rust::xxh3::xxh3_64(&f.body),
+                        xxh3: xxhash_rust::xxh3::xxh3_64(&first),
                     })
                     .map_err(|e| err(&journal_path, e))?;
                 }
@@ -260,6 +312,7 @@ impl Mirror {
             let data = OpenOptions::new()
                 .read(true)
                 .write(!complete)
+                .custom_flags(if complete { 0 } else { libc::O_NOFOLLOW })
                 .open(&path)
                 .map_err(|e| err(&path, e))?;
             let journal = Journal::open(&journal_path).map_err(|e| err(&journal_path, e))?;
@@ -281,10 +334,20 @@ impl Mirror {
             self.read_at(name, &mut len, 0)?;
             let n = u64::from_le_bytes(len);
             let size = std::fs::metadata(&path).map_err(|e| err(&path, e))?.len();
-            if n == 0 || 8 + n > size {
+            if n == 0 || n > strata_formats::MAX_HEADER_BYTES || n.checked_add(8).is_none_or(|end| end > size)
+            {
+                // Those 8 bytes are not the file's: stop trusting them, so the next open asks again.
+                let mut st = self.shards[name].state.lock().expect("shard lock");
+                if !st.complete {
+                    st.journal
+                        .retain(|r| r.offset >= 8)
+                        .map_err(|e| err(st.journal.path(), e))?;
+                }
+                drop(st);
                 return Err(format!(
-                    "{}: header length {n} does not fit the {size}-byte file",
-                    self.url(name)
+                    "{}: header length {n} does not fit the {size}-byte file (or is over the {}-byte limit)",
+                    self.url(name),
+                    strata_formats::MAX_HEADER_BYTES
                 ));
             }
             self.ensure(name, 8, n)?;
@@ -319,8 +382,22 @@ impl Mirror {
         Ok(st.journal.missing(offset, len))
     }
 
-    /// Fetches one missing run, writes and syncs it, then records it.
+    /// Fetches one missing run, in pieces of at most [`MAX_REQUEST_BYTES`] (each its own
+    /// request and record, so a slow link makes progress that survives an interruption).
     fn fetch_run(&self, name: &str, offset: u64, len: u64) -> Result<(), String> {
+        let mut at = offset;
+        let end = offset + len;
+        while at < end {
+            let n = (end - at).min(MAX_REQUEST_BYTES);
+            self.fetch_piece(name, at, n)?;
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// Fetches one piece straight into the shard file, syncs it, then records it; the file must
+    /// still be the one cached (size, and ETag or Last-Modified when the server gives them).
+    fn fetch_piece(&self, name: &str, offset: u64, len: u64) -> Result<(), String> {
         let http = self.http.as_ref().ok_or_else(|| {
             format!(
                 "offline: bytes {offset}..{} of {name} are not in the cache ({})",
@@ -328,8 +405,25 @@ impl Mirror {
                 self.dir.display()
             )
         })?;
+        let st = &self.shards[name].state;
+        let data = {
+            st.lock()
+                .expect("shard lock")
+                .data
+                .try_clone()
+                .map_err(|e| e.to_string())?
+        };
+        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+        let path = self.dir.join(name);
+        let mut write = |at: u64, chunk: &[u8]| -> Result<(), String> {
+            if at == offset {
+                hasher.reset(); // a retry starts over
+            }
+            hasher.update(chunk);
+            data.write_all_at(chunk, at).map_err(|e| disk_error(&path, e))
+        };
         let f = http
-            .get_range(&self.url(name), offset, len)
+            .get_range(&self.url(name), offset, len, &mut write)
             .map_err(|e| e.to_string())?;
         let meta = read_json(&self.dir.join(format!("{name}{META_SUFFIX}")));
         if let (Some(total), Some(size)) = (f.total, meta.as_ref().and_then(|m| m["size"].as_u64())) {
@@ -340,25 +434,25 @@ impl Mirror {
                 ));
             }
         }
-        let st = &self.shards[name].state;
-        let data = {
-            st.lock()
-                .expect("shard lock")
-                .data
-                .try_clone()
-                .map_err(|e| e.to_string())?
-        };
-        data.write_all_at(&f.body, offset)
-            .map_err(|e| format!("{name}: {e}"))?;
-        data.sync_data().map_err(|e| format!("{name}: {e}"))?;
+        let cached = meta.as_ref().and_then(|m| m["version"].as_str());
+        if let (Some(now), Some(then)) = (f.validator.as_deref(), cached) {
+            if now != then {
+                return Err(format!(
+                    "{}: the file changed on the server since it was cached ({then} then, {now} now); its cached bytes are kept apart from the new ones: remove {} to start over",
+                    self.url(name),
+                    self.dir.display()
+                ));
+            }
+        }
+        data.sync_data().map_err(|e| disk_error(&path, e))?;
         let mut st = st.lock().expect("shard lock");
         st.journal
             .append(Run {
                 offset,
                 len,
-                xxh3: xxhash_rust::xxh3::xxh3_64(&f.body),
+                xxh3: hasher.digest(),
             })
-            .map_err(|e| err(st.journal.path(), e))
+            .map_err(|e| disk_error(st.journal.path(), e))
     }
 
     /// Range requests that returned data so far (one per contiguous missing run).

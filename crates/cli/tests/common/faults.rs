@@ -1,7 +1,9 @@
 //! A fault-injecting HTTP proxy between strata and the real server: it forwards each request
 //! (one per connection) and, on a schedule, answers instead with a 500, a 429 with Retry-After,
 //! a truncated body, a wrong Content-Range, a 200 with the whole file instead of a 206, or a
-//! stall; it can also add a fixed `X-Linked-Etag`.
+//! stall; hostile ones too: a body longer than its range (no Content-Length, more bytes than
+//! asked for) and a safetensors header length of `FF` x 8; it can also add a fixed
+//! `X-Linked-Etag`.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -17,6 +19,10 @@ pub enum Fault {
     WrongRange,
     WholeFile,
     Stall,
+    /// The right bytes, then 64 KiB more, delimited by closing the connection.
+    LongBody,
+    /// A read of bytes 0-7 (a safetensors header length) answered with `FF` x 8.
+    HugeHeaderLength,
 }
 
 pub const ALL_FAULTS: [Fault; 6] = [
@@ -179,6 +185,27 @@ impl FaultProxy {
                             let mut r = head.into_bytes();
                             r.extend_from_slice(&body[..body.len() / 2]);
                             r
+                        }
+                        Some(Fault::LongBody) => {
+                            let (head, mut body) = split_response(&forward(upstream, &req.head, false));
+                            let kept: Vec<&str> = (head.trim_end_matches("\r\n\r\n").split("\r\n"))
+                                .filter(|l| !l.to_ascii_lowercase().starts_with("content-length:"))
+                                .collect();
+                            body.extend_from_slice(&[0x5a; 64 << 10]);
+                            let mut r = format!("{}\r\n\r\n", kept.join("\r\n")).into_bytes();
+                            r.extend_from_slice(&body);
+                            r
+                        }
+                        Some(Fault::HugeHeaderLength) => {
+                            let resp = forward(upstream, &req.head, false);
+                            if !req.head.to_ascii_lowercase().contains("range: bytes=0-7\r\n") {
+                                resp
+                            } else {
+                                let (head, _) = split_response(&resp);
+                                let mut r = head.into_bytes();
+                                r.extend_from_slice(&[0xff; 8]);
+                                r
+                            }
                         }
                         Some(Fault::WrongRange) => {
                             let (head, body) = split_response(&forward(upstream, &req.head, false));
