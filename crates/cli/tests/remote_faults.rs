@@ -90,17 +90,7 @@ fn every_fault_is_retried_and_the_logits_match() {
     let sent = proxy.faults_sent.load(std::sync::atomic::Ordering::Relaxed);
     assert!(sent >= ALL_FAULTS.len(), "only {sent} faults were injected");
     // Nothing bad was recorded.
-    let v = strata(
-        &["cache", "verify", "--cache-dir", cache.to_str().unwrap()],
-        "http://unused",
-        &[],
-    );
-    assert!(
-        v.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&v.stdout),
-        stderr(&v)
-    );
+    verify(&cache);
 }
 
 #[test]

@@ -106,28 +106,25 @@ fn disk_error(path: &Path, e: std::io::Error) -> String {
 
 /// Writes a whole file atomically (temp file in the same folder, fsync, rename).
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), String> {
-    let tmp = temp_path(path);
-    let written = std::fs::write(&tmp, bytes)
-        .and_then(|_| File::open(&tmp)?.sync_all())
-        .map_err(|e| disk_error(&tmp, e));
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
-    std::fs::rename(&tmp, path).map_err(|e| err(path, e))
+    replace_atomic(path, |tmp| std::fs::write(tmp, bytes))
 }
 
 /// Copies a file atomically (a partial copy never takes the destination's name).
 fn copy_atomic(from: &Path, to: &Path) -> Result<(), String> {
-    let tmp = temp_path(to);
-    let copied = std::fs::copy(from, &tmp)
+    replace_atomic(to, |tmp| std::fs::copy(from, tmp).map(drop))
+}
+
+/// `fill` writes a temporary file beside `path`, which is synced and renamed onto it.
+fn replace_atomic(path: &Path, fill: impl FnOnce(&Path) -> std::io::Result<()>) -> Result<(), String> {
+    let tmp = temp_path(path);
+    let filled = fill(&tmp)
         .and_then(|_| File::open(&tmp)?.sync_all())
         .map_err(|e| disk_error(&tmp, e));
-    if let Err(e) = copied {
+    if let Err(e) = filled {
         let _ = std::fs::remove_file(&tmp);
         return Err(e);
     }
-    std::fs::rename(&tmp, to).map_err(|e| err(to, e))
+    std::fs::rename(&tmp, path).map_err(|e| err(path, e))
 }
 
 /// A temporary name beside `path`, unique to this process and call.
