@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: the Rust workspace (unit, golden and CLI tests), then the HTTP API suite
-# (pytest + the official `openai` client against `strata serve`) in a venv under target/.
-# Needs ../shared/fixtures (or STRATA_FIXTURES), python3 with venv, and PyPI for the first run.
+# (pytest + the official `openai` client against `strata serve`) in a venv under target/, then
+# a short run of each fuzz target. Needs ../shared/fixtures (or STRATA_FIXTURES), python3 with
+# venv, and PyPI and crates.io for the first run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,3 +15,7 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r tests/api/requirements.txt
 STRATA_BIN="$PWD/target/debug/strata" "$venv/bin/python" -m pytest tests/api -q -p no:cacheprovider
+
+# A short smoke of every fuzz target (cargo-fuzz, installed from crates.io when missing); the
+# long runs are reported in fuzz/README.md.
+scripts/fuzz.sh "${STRATA_FUZZ_SECONDS:-20}"

@@ -17,6 +17,6 @@ pub use config::{GenerationConfig, JsonConfig};
 pub use dtype::DType;
 pub use error::FormatError;
 pub use quant::QuantizationConfig;
-pub use safetensors::{parse_header, ShardHeader, TensorInfo, MAX_HEADER_BYTES};
+pub use safetensors::{parse_header, parse_header_bytes, ShardHeader, TensorInfo, MAX_HEADER_BYTES};
 
 pub type Result<T, E = FormatError> = std::result::Result<T, E>;

@@ -56,6 +56,20 @@ pub fn parse_header(path: &Path) -> Result<ShardHeader> {
     file.read_exact_at(&mut len_bytes, 0)
         .map_err(|e| FormatError::io(path, e))?;
     let header_len = u64::from_le_bytes(len_bytes);
+    check_header_len(path, header_len, file_len)?;
+    let mut header = vec![0u8; header_len as usize];
+    file.read_exact_at(&mut header, 8)
+        .map_err(|e| FormatError::io(path, e))?;
+    let data_start = 8 + header_len;
+    parse_header_json(path, &header, data_start, file_len)
+}
+
+/// The header length against the limit and the file.
+fn check_header_len(path: &Path, header_len: u64, file_len: u64) -> Result<()> {
+    let bad = |reason: String| FormatError::BadSafetensors {
+        path: path.to_path_buf(),
+        reason,
+    };
     if header_len > MAX_HEADER_BYTES {
         return Err(bad(format!(
             "header length {header_len} is implausibly large (limit {MAX_HEADER_BYTES})"
@@ -66,11 +80,23 @@ pub fn parse_header(path: &Path) -> Result<ShardHeader> {
             "header length {header_len} runs past the end of the file ({file_len} bytes; truncated?)"
         )));
     }
-    let mut header = vec![0u8; header_len as usize];
-    file.read_exact_at(&mut header, 8)
-        .map_err(|e| FormatError::io(path, e))?;
-    let data_start = 8 + header_len;
-    parse_header_json(path, &header, data_start, file_len)
+    Ok(())
+}
+
+/// Parses and validates the header of a safetensors file held in memory (`path` names it in
+/// errors), as [`parse_header`] does for one on disk.
+pub fn parse_header_bytes(path: &Path, file: &[u8]) -> Result<ShardHeader> {
+    let file_len = file.len() as u64;
+    let Some(len_bytes) = file.get(..8) else {
+        return Err(FormatError::BadSafetensors {
+            path: path.to_path_buf(),
+            reason: format!("file is {file_len} bytes, too short for the 8-byte header length (truncated?)"),
+        });
+    };
+    let header_len = u64::from_le_bytes(len_bytes.try_into().expect("8 bytes"));
+    check_header_len(path, header_len, file_len)?;
+    let header = &file[8..8 + header_len as usize];
+    parse_header_json(path, header, 8 + header_len, file_len)
 }
 
 fn parse_header_json(path: &Path, header: &[u8], data_start: u64, file_len: u64) -> Result<ShardHeader> {

@@ -134,17 +134,23 @@ fn redirect_lifetime(target: &str) -> Duration {
     Duration::from_secs(600)
 }
 
-/// `bytes a-b/total` -> (a, b, total)
+/// A response's `Content-Range`.
 fn content_range(h: &HeaderMap) -> Option<(u64, u64, u64)> {
-    let v = h.get(CONTENT_RANGE)?.to_str().ok()?;
+    parse_content_range(h.get(CONTENT_RANGE)?.to_str().ok()?)
+}
+
+/// `bytes a-b/total` -> (a, b, total), with a <= b < total (anything else is not a range
+/// this client can have asked for).
+pub fn parse_content_range(v: &str) -> Option<(u64, u64, u64)> {
     let rest = v.trim().strip_prefix("bytes ")?;
     let (span, total) = rest.split_once('/')?;
     let (a, b) = span.split_once('-')?;
-    Some((
+    let (a, b, total): (u64, u64, u64) = (
         a.trim().parse().ok()?,
         b.trim().parse().ok()?,
         total.trim().parse().ok()?,
-    ))
+    );
+    (a <= b && b < total).then_some((a, b, total))
 }
 
 enum Attempt {

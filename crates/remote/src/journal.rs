@@ -46,11 +46,27 @@ fn decode(r: &[u8]) -> Option<Run> {
     {
         return None;
     }
-    Some(Run {
+    let run = Run {
         offset: word(4, 12),
         len: word(12, 20),
         xxh3: word(20, 28),
-    })
+    };
+    // A run past u64::MAX is no run of a file (the checksum only says the record is whole).
+    run.offset.checked_add(run.len).map(|_| run)
+}
+
+/// The runs of a journal's bytes: every whole valid record, up to the first that is not
+/// (a torn tail); and how many bytes those records take.
+pub fn decode_records(bytes: &[u8]) -> (Vec<Run>, usize) {
+    let mut runs = Vec::new();
+    for rec in bytes.chunks_exact(RECORD) {
+        match decode(rec) {
+            Some(run) => runs.push(run),
+            None => break,
+        }
+    }
+    let valid = runs.len() * RECORD;
+    (runs, valid)
 }
 
 /// Holds an exclusive `flock` on a descriptor while alive (the file outlives it: both live in
@@ -110,17 +126,8 @@ impl Journal {
         let mut bytes = Vec::new();
         (&self.file).seek(SeekFrom::Start(0))?;
         (&self.file).read_to_end(&mut bytes)?;
-        self.runs.clear();
-        let mut valid = 0;
-        for rec in bytes.chunks_exact(RECORD) {
-            match decode(rec) {
-                Some(run) => {
-                    self.runs.insert((run.offset, run.len), run);
-                    valid += RECORD;
-                }
-                None => break,
-            }
-        }
+        let (runs, valid) = decode_records(&bytes);
+        self.runs = runs.into_iter().map(|r| ((r.offset, r.len), r)).collect();
         if valid < bytes.len() {
             self.file.set_len(valid as u64)?;
             self.file.sync_all()?;
@@ -140,7 +147,7 @@ impl Journal {
 
     /// The parts of [offset, offset+len) no recorded run covers, in order.
     pub fn missing(&self, offset: u64, len: u64) -> Vec<(u64, u64)> {
-        let end = offset + len;
+        let end = offset.saturating_add(len);
         let mut gaps = Vec::new();
         let mut at = offset;
         // Runs starting before `end`, in order; one starting before `offset` may still cover it.

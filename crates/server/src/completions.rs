@@ -41,7 +41,7 @@ fn ids(v: &[Value]) -> Option<Vec<u32>> {
 }
 
 /// The prompts of a request: a string, a list of strings, a list of ids, or a list of id lists.
-fn prompts(v: Option<&Value>, tok: Option<&Tokenizer>) -> ApiResult<Vec<Vec<u32>>> {
+pub(crate) fn prompts(v: Option<&Value>, tok: Option<&Tokenizer>) -> ApiResult<Vec<Vec<u32>>> {
     let encode = |text: &str| -> ApiResult<Vec<u32>> {
         let tok =
             tok.ok_or_else(|| ApiError::field("prompt", "this model has no tokenizer: give token ids"))?;
@@ -78,6 +78,40 @@ fn prompts(v: Option<&Value>, tok: Option<&Tokenizer>) -> ApiResult<Vec<Vec<u32>
     Ok(out)
 }
 
+/// The request's fields besides the prompt: (integer `logprobs`, what both endpoints share).
+pub(crate) fn fields(
+    obj: &Map<String, Value>,
+    defaults: strata_runtime::SamplingParams,
+    vocab: &api::Vocab<'_>,
+) -> ApiResult<(Option<i64>, api::Common)> {
+    let f = Fields(obj);
+    if f.bool("echo")?.unwrap_or(false) {
+        return Err(ApiError::field("echo", "`echo` is not supported"));
+    }
+    if f.str("suffix")?.is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::field("suffix", "`suffix` is not supported"));
+    }
+    let logprobs = f.int("logprobs", 0, MAX_LOGPROBS)?;
+    Ok((logprobs, api::common(&f, defaults, vocab, MAX_CHOICES)?))
+}
+
+/// The prompts against the choice limit and the vocabulary.
+pub(crate) fn check_prompts(prompts: &[Vec<u32>], n: usize, vocab: usize) -> ApiResult<()> {
+    if prompts.len().saturating_mul(n) > MAX_CHOICES {
+        return Err(ApiError::field(
+            "n",
+            format!("at most {MAX_CHOICES} choices per request (prompts x n)"),
+        ));
+    }
+    if let Some(&bad) = prompts.iter().flatten().find(|&&t| t as usize >= vocab) {
+        return Err(ApiError::field(
+            "prompt",
+            format!("token id {bad} is not below the vocabulary size {vocab}"),
+        ));
+    }
+    Ok(())
+}
+
 /// Completions-format logprobs of one choice's tokens.
 fn logprobs_json(tok: Option<&Tokenizer>, ids: &[u32], lps: &[TokenLogprobs], offset: usize) -> Value {
     let mut text_offset = Vec::with_capacity(ids.len());
@@ -110,35 +144,14 @@ fn logprobs_json(tok: Option<&Tokenizer>, ids: &[u32], lps: &[TokenLogprobs], of
 async fn complete(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult<Response> {
     let obj = json_body(body)?;
     check_model(&state, &obj)?;
-    let f = Fields(&obj);
     let engine = &state.engine;
     let tok = engine.tokenizer.as_ref();
-    if f.bool("echo")?.unwrap_or(false) {
-        return Err(ApiError::field("echo", "`echo` is not supported"));
-    }
-    if f.str("suffix")?.is_some_and(|s| !s.is_empty()) {
-        return Err(ApiError::field("suffix", "`suffix` is not supported"));
-    }
-    let logprobs = f.int("logprobs", 0, MAX_LOGPROBS)?;
-    let vocab = stream::vocab(&state);
-    let common = api::common(&f, engine.sampling_defaults(), &vocab, MAX_CHOICES)?;
-    let vocab = vocab.size;
+    let (logprobs, common) = fields(&obj, engine.sampling_defaults(), &stream::vocab(&state))?;
     let prompts = {
         let (state, prompt) = (state.clone(), obj.get("prompt").cloned());
         blocking(move || prompts(prompt.as_ref(), state.engine.tokenizer.as_ref())).await??
     };
-    if prompts.len() * common.n > MAX_CHOICES {
-        return Err(ApiError::field(
-            "n",
-            format!("at most {MAX_CHOICES} choices per request (prompts x n)"),
-        ));
-    }
-    if let Some(&bad) = prompts.iter().flatten().find(|&&t| t as usize >= vocab) {
-        return Err(ApiError::field(
-            "prompt",
-            format!("token id {bad} is not below the vocabulary size {vocab}"),
-        ));
-    }
+    check_prompts(&prompts, common.n, engine.model.info().vocab_size)?;
     let context = engine.memory.ctx_size;
     let mut requests = Vec::new();
     let mut prompt_tokens = 0;

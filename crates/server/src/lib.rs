@@ -12,7 +12,10 @@
 
 mod api;
 mod chat;
+mod chat_request;
 mod completions;
+#[doc(hidden)]
+pub mod fuzzing;
 mod guard;
 mod listen;
 mod metrics;

@@ -69,6 +69,31 @@ fn strftime_now(format: String) -> std::result::Result<String, Error> {
     Ok(out)
 }
 
+/// Runs the template engine so that a panic inside it (a bug the template found in the
+/// engine) is an error of this template, not of the caller.
+fn guarded<T>(run: impl FnOnce() -> T) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).map_err(|panic| {
+        let why = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        TokenizerError::Template(format!("the template engine failed on this template: {why}"))
+    })
+}
+
+/// An error and its causes on one line. Not minijinja's alternate (`{:#}`) form: its source
+/// excerpt can panic on a malformed template's spans.
+fn describe(e: &Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        text.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    text
+}
+
 /// An `io::Write` into a string that fails past `limit` bytes.
 struct Capped {
     out: Vec<u8>,
@@ -106,16 +131,22 @@ fn tojson(value: JValue, kwargs: Kwargs) -> std::result::Result<JValue, Error> {
 
 impl ChatTemplate {
     pub fn new(source: String) -> Result<ChatTemplate> {
+        Self::with_fuel(source, TEMPLATE_FUEL)
+    }
+
+    /// A template whose renders may run `fuel` instructions (the fuzz target runs many small
+    /// budgets; models get [`TEMPLATE_FUEL`]).
+    pub fn with_fuel(source: String, fuel: u64) -> Result<ChatTemplate> {
         let mut env = Environment::new();
-        env.set_fuel(Some(TEMPLATE_FUEL));
+        env.set_fuel(Some(fuel));
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
-        env.add_template_owned(TEMPLATE_NAME, source.clone())
-            .map_err(|e| TokenizerError::Template(format!("does not compile: {e:#}")))?;
+        let compiled = guarded(|| env.add_template_owned(TEMPLATE_NAME, source.clone()))?;
+        compiled.map_err(|e| TokenizerError::Template(format!("does not compile: {}", describe(&e))))?;
         Ok(ChatTemplate { env, source })
     }
 
@@ -177,14 +208,14 @@ impl ChatTemplate {
             limit: MAX_RENDERED_BYTES,
             overflowed: false,
         };
-        let rendered = template.render_captured_to(JValue::from_serialize(&ctx), &mut out);
+        let rendered = guarded(|| template.render_captured_to(JValue::from_serialize(&ctx), &mut out))?;
         if out.overflowed {
             return Err(TokenizerError::Template(format!(
                 "the rendered prompt is larger than {} MiB",
                 MAX_RENDERED_BYTES >> 20
             )));
         }
-        rendered.map_err(|e| TokenizerError::Template(format!("{e:#}")))?;
+        rendered.map_err(|e| TokenizerError::Template(describe(&e)))?;
         String::from_utf8(out.out)
             .map_err(|e| TokenizerError::Template(format!("the output is not UTF-8: {e}")))
     }
@@ -199,6 +230,30 @@ mod tests {
         let messages = serde_json::json!([{"role": "user", "content": "hi"}]);
         let kwargs = kwargs.as_object().cloned().unwrap_or_default();
         t.render(&messages, None, true, &Map::new(), &kwargs)
+    }
+
+    /// Found by the fuzz target: a malformed `for` whose error span ends before it starts.
+    #[test]
+    fn a_template_whose_error_span_is_backwards_is_an_error() {
+        let e = render(
+            "{%- for  in messages -%}{{- '<|im_start|>'  + '<|im_%nd|>' + '\\n' -}}{%- endfor -%}",
+            serde_json::json!({}),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("chat template"), "{e}");
+    }
+
+    /// Found by the fuzz target: a negative-step slice that minijinja's own arithmetic
+    /// overflows on (a panic in debug builds): an error, or a render, never a panic.
+    #[test]
+    fn a_template_that_trips_the_engine_is_an_error() {
+        let r = render(
+            "{% for m in messages[:5:-1] %}{{ m.role }}{% endfor %}",
+            serde_json::json!({}),
+        );
+        if let Err(e) = r {
+            assert!(e.to_string().contains("template"), "{e}");
+        }
     }
 
     #[test]
