@@ -2,6 +2,8 @@
 
 The binary is $STRATA_BIN, else target/release/strata or target/debug/strata (whichever is
 newer); fixtures are $STRATA_FIXTURES, else ../shared/fixtures beside the repository.
+$STRATA_SERVE_PREFIX (words) runs the server under a wrapper, e.g. a memory cap:
+`STRATA_SERVE_PREFIX="../shared/tools/capmem.sh 1200M"`.
 """
 
 import json
@@ -48,8 +50,9 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile(prefix="strata-serve-", suffix=".log", delete=False)
+        prefix = os.environ.get("STRATA_SERVE_PREFIX", "").split()
         self.proc = subprocess.Popen(
-            [strata_bin(), "serve", "--model", str(model), "--port", str(self.port), *extra],
+            [*prefix, strata_bin(), "serve", "--model", str(model), "--port", str(self.port), *extra],
             stdout=self.log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
@@ -66,6 +69,19 @@ class Server:
                 time.sleep(0.1)
         raise RuntimeError("strata serve did not become healthy")
 
+    def pid(self) -> int:
+        """The strata process itself (below any $STRATA_SERVE_PREFIX wrapper)."""
+        todo = [self.proc.pid]
+        while todo:
+            pid = todo.pop()
+            try:
+                if Path(f"/proc/{pid}/comm").read_text().strip() == "strata":
+                    return pid
+                todo += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+            except OSError:
+                pass
+        return self.proc.pid
+
     def client(self, strict: bool = True, **kw) -> openai.OpenAI:
         kw.setdefault("api_key", "unused")
         return openai.OpenAI(base_url=self.url + "/v1", _strict_response_validation=strict, max_retries=0, **kw)
@@ -81,6 +97,12 @@ class Server:
         return out
 
     def stop(self):
+        inner = self.pid()
+        if inner != self.proc.pid:
+            try:
+                os.kill(inner, 15)
+            except OSError:
+                pass
         self.proc.terminate()
         try:
             self.proc.wait(10)

@@ -231,6 +231,12 @@ def case_cross_origin_text_plain(server):
     assert status == 403
 
 
+def case_page_on_another_local_port(server):
+    body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).encode()
+    status, data = request(server, "POST", "/v1/chat/completions", body, {"Origin": "http://localhost:3000"})
+    assert status == 403, data
+
+
 def case_text_plain_without_origin(server):
     body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).encode()
     status, data = request(server, "POST", "/v1/chat/completions", body, {"Content-Type": "text/plain"})
@@ -326,6 +332,7 @@ CASES = [
     case_template_kwargs_override,
     case_non_reading_stream,
     case_cross_origin_text_plain,
+    case_page_on_another_local_port,
     case_text_plain_without_origin,
     case_wrong_host,
     case_slowloris,
@@ -395,5 +402,33 @@ def test_an_engine_that_dies_says_so_and_the_server_exits(fixtures_dir):
         assert s.proc.poll() is not None, "the server kept running without its engine"
         assert s.proc.returncode != 0
         assert 200 not in saw, saw
+    finally:
+        s.stop()
+
+
+def test_cors_only_for_allowed_origins(fixtures_dir):
+    s = Server(fixtures_dir / "qwen3-moe-tiny", "--allowed-origin", "https://chat.example")
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
+        conn.request("OPTIONS", "/v1/chat/completions", headers={
+            "Origin": "https://chat.example", "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "content-type"})
+        r = conn.getresponse()
+        r.read()
+        assert r.status == 204
+        assert r.getheader("access-control-allow-origin") == "https://chat.example"
+        body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).encode()
+        conn.request("POST", "/v1/chat/completions", body=body,
+                     headers={"Origin": "https://chat.example", "Content-Type": "application/json"})
+        r = conn.getresponse()
+        r.read()
+        assert r.status == 200 and r.getheader("access-control-allow-origin") == "https://chat.example"
+        # Other origins get neither the call nor the header.
+        conn.request("POST", "/v1/chat/completions", body=body,
+                     headers={"Origin": "https://evil.example", "Content-Type": "application/json"})
+        r = conn.getresponse()
+        r.read()
+        assert r.status == 403 and r.getheader("access-control-allow-origin") is None
+        conn.close()
     finally:
         s.stop()

@@ -89,7 +89,7 @@ def test_soak_mixed_clients(fixtures_dir):
         counts = {"stream": 0, "complete": 0, "invalid": 0, "dropped": 0}
         failures, mismatches = [], []
         lock = threading.Lock()
-        rss_start = rss_kib(server.proc.pid)[0]
+        rss_start = rss_kib(server.pid())[0]
         samples = [rss_start]
         stop_at = time.time() + seconds
 
@@ -123,7 +123,7 @@ def test_soak_mixed_clients(fixtures_dir):
             t.start()
         while any(t.is_alive() for t in threads):
             time.sleep(1)
-            samples.append(rss_kib(server.proc.pid)[0])
+            samples.append(rss_kib(server.pid())[0])
         for t in threads:
             t.join()
         # Nothing stays queued or running once the clients are done.
@@ -134,7 +134,7 @@ def test_soak_mixed_clients(fixtures_dir):
                 break
             time.sleep(0.1)
         m = server.metrics()
-        rss_end, hwm = rss_kib(server.proc.pid)
+        rss_end, hwm = rss_kib(server.pid())
         settled = samples[len(samples) // 4]
         report = {
             "clients": CLIENTS, "seconds": seconds, "requests": counts,

@@ -27,7 +27,7 @@ pub enum EngineError {
         "{0}: this model folder has no tokenizer (tokenizer.json or tiktoken.model); give token ids instead"
     )]
     NoTokenizer(PathBuf),
-    #[error("the prompt has {prompt} tokens; the model's context is {max} positions")]
+    #[error("the prompt has {prompt} tokens; the context is {max} positions (the model's, or --ctx-size)")]
     PromptTooLong { prompt: usize, max: usize },
     #[error("{0}")]
     BadCtxSize(String),

@@ -79,9 +79,10 @@ impl Access {
             || self.hosts.iter().any(|h| h.eq_ignore_ascii_case(name))
     }
 
-    /// Whether a browser page at `origin` may call: one of `--allowed-origin`, or a page
-    /// served from a host this server answers to.
-    fn origin_allowed(&self, origin: &str, bound: std::net::IpAddr) -> bool {
+    /// Whether a browser page at `origin` may call: one of `--allowed-origin`, or a page of
+    /// this server itself (its authority is the request's Host). Any other page, on another
+    /// site or another local port, is refused: a form or `fetch` there must not reach the API.
+    fn origin_allowed(&self, origin: &str, host: &str) -> bool {
         if self
             .origins
             .iter()
@@ -90,7 +91,7 @@ impl Access {
             return true;
         }
         match origin.split_once("://") {
-            Some(("http" | "https", authority)) => self.host_allowed(authority, bound),
+            Some(("http" | "https", authority)) => !host.is_empty() && authority.eq_ignore_ascii_case(host),
             _ => false,
         }
     }
@@ -126,7 +127,7 @@ pub async fn access(State(state): State<Arc<AppState>>, request: Request, next: 
     }
     let origin = header_text(headers, header::ORIGIN).map(str::to_string);
     if let Some(origin) = &origin {
-        if !access.origin_allowed(origin, bound) {
+        if !access.origin_allowed(origin, host) {
             return forbidden(format!(
                 "Requests from the web page at `{origin}` are not allowed (start the server with --allowed-origin {origin} to allow them)."
             ));
@@ -312,19 +313,23 @@ mod tests {
         ] {
             assert!(!a.host_allowed(bad, lo), "{bad}");
         }
-        assert!(a.origin_allowed("http://localhost:3000", lo));
-        assert!(!a.origin_allowed("https://evil.example", lo));
-        assert!(!a.origin_allowed("null", lo));
+        // Pages of this server itself; not another site, nor another local port.
+        assert!(a.origin_allowed("http://localhost:8080", "localhost:8080"));
+        assert!(!a.origin_allowed("http://localhost:3000", "localhost:8080"));
+        assert!(!a.origin_allowed("https://evil.example", "localhost:8080"));
+        assert!(!a.origin_allowed("null", "localhost:8080"));
+        assert!(!a.origin_allowed("https://evil.example", ""));
         let open = Access {
             hosts: vec!["box.lan".into()],
             origins: vec!["https://chat.example".into()],
         };
         assert!(open.host_allowed("box.lan:8080", lo));
-        assert!(open.origin_allowed("https://chat.example", lo));
+        assert!(open.origin_allowed("https://chat.example", "box.lan:8080"));
         assert!(open.cors_allowed("https://chat.example"));
         assert!(!open.cors_allowed("http://localhost:3000"));
-        // Bound to every address: any name reaches it.
+        // Bound to every address: any name reaches it, but pages of other sites still do not.
         assert!(a.host_allowed("10.0.0.5:8080", "0.0.0.0".parse().unwrap()));
+        assert!(!a.origin_allowed("https://evil.example", "10.0.0.5:8080"));
     }
 
     #[test]
