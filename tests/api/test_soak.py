@@ -2,7 +2,9 @@
 `strata serve --mem 1G`, each mixing valid requests (streamed chat, whole completions),
 invalid ones and streams it drops mid-way. Every valid request succeeds with exactly its solo
 greedy output, nothing stays queued, the server's resident memory stays flat and within --mem.
-The report (requests by kind, RSS at start/end/max) goes to target/api-soak.json."""
+The report (requests by kind, RSS at start/end/max) goes to target/api-soak.json; run under a
+memory cap (`STRATA_SERVE_PREFIX="../shared/tools/capmem.sh 1G" CAPMEM_STATS=1`), the cgroup's
+peak use goes to target/api-soak-capmem.txt."""
 
 import json
 import os
@@ -156,3 +158,10 @@ def test_soak_mixed_clients(fixtures_dir):
         assert hwm * 1024 <= MEM, report
     finally:
         server.stop()
+        # Under $STRATA_SERVE_PREFIX="capmem.sh SIZE" with CAPMEM_STATS=1, the cgroup's peak.
+        capped = [l for l in Path(server.log.name).read_text(errors="replace").splitlines() if l.startswith("capmem:")]
+        if capped:
+            print("\n" + capped[-1])
+            out = REPO / "target" / "api-soak-capmem.txt"
+            out.parent.mkdir(exist_ok=True)
+            out.write_text(capped[-1] + "\n")
