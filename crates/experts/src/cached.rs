@@ -159,11 +159,13 @@ pub const DEFAULT_IO_THREADS: usize = 8;
 impl CachedStore {
     /// Resolves every expert of `layout` (all checks happen now, not mid-generation), opens the
     /// shards for direct reads and starts the reader pool. `budget` bounds the decoded experts
-    /// held in RAM; `prefetch` enables reads of predicted experts.
+    /// held in RAM; `kept_buffers` read buffers (each an expert's reads) are kept for reuse at
+    /// most; `prefetch` enables reads of predicted experts.
     pub fn open(
         ckpt: &Checkpoint,
         layout: &ExpertLayout,
         budget: usize,
+        kept_buffers: usize,
         prefetch: bool,
         io: IoMode,
         eviction: Eviction,
@@ -175,7 +177,7 @@ impl CachedStore {
             }
         }
         // The largest expert's reads (with each run's alignment slack): the memory plan reserves
-        // read buffers for twice the reader threads' worth, half of it for buffers kept free.
+        // the reads in flight and as many buffers kept free.
         let largest = (plans.values())
             .map(|p: &ExpertPlan| {
                 p.runs
@@ -216,7 +218,7 @@ impl CachedStore {
             predictions: Mutex::new(HashMap::new()),
             pool: Arc::new(BufferPool {
                 free: Mutex::new((Vec::new(), 0)),
-                max_bytes: DEFAULT_IO_THREADS * largest,
+                max_bytes: kept_buffers.max(1) * largest,
                 fresh_bytes: Default::default(),
             }),
             prefetch: prefetch && io != IoMode::Mmap,

@@ -81,6 +81,9 @@ pub struct LoadOptions {
     /// Sequences decoded at once that decoding state is reserved for (the server's
     /// `--max-concurrent`; 0 counts as 1).
     pub sequences: usize,
+    /// Positions the longest sequence of this run needs, when known before loading (`run`,
+    /// `bench`): taken as the context when `ctx_size` is not given (the model's context at most).
+    pub positions: Option<usize>,
     /// Positions of decoding state all sequences share (`--state-tokens`). Default: `sequences`
     /// contexts, within the decoding-state share of `mem`.
     pub state_tokens: Option<usize>,
@@ -156,6 +159,17 @@ impl Engine {
         source: Option<std::sync::Arc<dyn strata_formats::RangeSource>>,
         options: &LoadOptions,
     ) -> Result<Engine, EngineError> {
+        Self::load_with(dir, source, options, None)
+    }
+
+    /// As [`Engine::load_from`], with the folder's tokenizer already loaded (a caller that
+    /// tokenized its prompt first, to know the positions it needs).
+    pub fn load_with(
+        dir: &Path,
+        source: Option<std::sync::Arc<dyn strata_formats::RangeSource>>,
+        options: &LoadOptions,
+        tokenizer: Option<Tokenizer>,
+    ) -> Result<Engine, EngineError> {
         let cfg = JsonConfig::read(&dir.join("config.json"))?;
         let ckpt = Checkpoint::open(dir)?
             .with_quantization(QuantizationConfig::from_config(&cfg.text_config()?)?)
@@ -168,6 +182,7 @@ impl Engine {
                 &ckpt,
                 layout,
                 budget,
+                memory.in_flight,
                 options.prefetch,
                 options.io,
                 options.eviction,
@@ -197,10 +212,9 @@ impl Engine {
             layers: Some(&layers),
         };
         let model = load_model(&cfg, &ckpt, &loading)?;
-        let tokenizer = if dir.join("tokenizer.json").exists() || dir.join("tiktoken.model").exists() {
-            Some(Tokenizer::from_dir(dir)?)
-        } else {
-            None
+        let tokenizer = match tokenizer {
+            Some(t) => Some(t),
+            None => Self::tokenizer_of(dir)?,
         };
         let gen_path = dir.join("generation_config.json");
         let mut generation = if gen_path.exists() {
@@ -227,6 +241,15 @@ impl Engine {
             masked_ids,
             faults: crate::Faults::from_env(),
         })
+    }
+
+    /// The tokenizer of a model folder, if it has one.
+    pub fn tokenizer_of(dir: &Path) -> Result<Option<Tokenizer>, EngineError> {
+        if dir.join("tokenizer.json").exists() || dir.join("tiktoken.model").exists() {
+            Ok(Some(Tokenizer::from_dir(dir)?))
+        } else {
+            Ok(None)
+        }
     }
 
     pub fn tokenizer(&self) -> Result<&Tokenizer, EngineError> {

@@ -1,21 +1,28 @@
-//! `--mem`: one budget for everything strata holds. Resident non-expert weights, a reserve for
-//! decoding state (KV cache), buffers for reads in flight, and the expert cache, which gets what
-//! is left (unless `--expert-cache` sets it).
+//! `--mem`: one budget for everything strata holds, spent where it saves the most bytes read
+//! per token.
+//!
+//! - A resident non-expert byte saves one read at every token: nothing saves more, so the
+//!   non-expert weights ("spine") come first, and decoder layers stream (`--spine`: read from
+//!   disk each time they run, spread evenly through the model so their reads overlap the
+//!   compute of resident ones) only when they cannot all stay.
+//! - A byte of expert cache saves a read each time its expert is routed to again (at most once
+//!   per token): the expert cache gets what is left, never more than all the experts (what the
+//!   model cannot use is left to the system and shown as unused).
+//! - Read buffers only as deep as the disk needs: the experts one step can have in flight
+//!   (top-k per sequence, doubled with prefetch, at most the reader threads), as many kept for
+//!   reuse, and one layer's worth computed on uncached (experts compute on their read buffers,
+//!   so a cached expert is its buffer, counted once, in the cache).
+//! - Working memory sized from the model: a step's activations for one prompt chunk, the
+//!   logits, and a fixed base for the binary, thread stacks and the allocator.
 //!
 //! Decoding state is reserved, not hoped for: one sequence holds at most `ctx_size` positions
-//! (`--ctx-size`; by default the model's context, capped by a share of `--mem`), and all the
-//! sequences decoded at once (`sequences`: `--max-concurrent` when serving) share a pool of
-//! `state_tokens` positions, besides each sequence's fixed recurrent state (twice: a copy is
-//! kept while several sequences step together, so a failed step can be undone). The server
-//! admits a request only when its positions fit the pool.
-//!
-//! When the non-expert weights do not fit, decoder layers are streamed instead (`--spine`):
-//! their weights are read from disk each time they run. A resident byte of a layer saves a read
-//! of that byte at every token, more than a byte of expert cache saves (experts hit less than
-//! always), so the plan keeps as many layers resident as fit once the expert cache has a
-//! minimum (two MoE layers of active experts, room for the next layer's prefetched guesses),
-//! and streams the rest, spread evenly through the model so their reads overlap the compute
-//! of the resident ones.
+//! (`--ctx-size`; by default the model's context, capped by a share of `--mem`, or exactly what
+//! a run needs when it knows), and all the sequences decoded at once (`sequences`:
+//! `--max-concurrent` when serving) share a pool of `state_tokens` positions, besides each
+//! sequence's fixed recurrent state (twice: a copy is kept while several sequences step
+//! together, so a failed step can be undone). The server admits a request only when its
+//! positions fit the pool. `expected_read_per_token` prices the plan: streamed layers plus the
+//! expert bytes a token misses if routing were uniform.
 
 use crate::{EngineError, LoadOptions, ModelPlan};
 
@@ -34,9 +41,11 @@ const ACTIVATION_BYTES_PER_HIDDEN: usize = 256;
 const PREFILL_CHUNK_STEP: usize = 64;
 const MAX_PREFILL_CHUNK: usize = 512;
 
-/// Working memory besides reads: activations, logits, thread stacks, allocator slack, the
-/// binary and the page cache the kernel needs to make progress under a hard cap.
-const WORK_BYTES: usize = 640 << 20;
+/// Working memory besides activations and logits: the binary's pages, thread stacks, the
+/// allocator's slack, the tokenizer (measured: 16-20 MiB of peak RSS for the tiny models).
+const WORK_BASE: usize = 32 << 20;
+/// Alignment slack of one expert's reads (a few runs, each rounded out to 4 KiB at both ends).
+const READ_SLACK: usize = 64 << 10;
 
 /// What happens to non-expert weights (`--spine`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -78,11 +87,20 @@ pub struct MemoryPlan {
     pub state_tokens: usize,
     /// Prompt tokens processed per step at most (`--prefill-chunk`).
     pub prefill_chunk: usize,
-    /// Expert reads in flight (raw buffer + decoded copy per reader thread) and working memory.
+    /// Expert reads one step can have in flight.
+    pub in_flight: usize,
+    /// Read buffers: the reads in flight, as many kept for reuse, one layer's uncached experts.
     pub buffers: usize,
+    /// Activations of a step, logits, thread stacks, the allocator's slack.
+    pub work: usize,
     pub expert_cache: usize,
     /// `--expert-cache` was given (the cache is not derived from `--mem`).
     pub expert_cache_set: bool,
+    /// What the model cannot use (a cache as large as all its experts leaves the rest).
+    pub unused: usize,
+    /// Bytes a token reads: streamed layers, plus the expert bytes it misses if routing were
+    /// uniform (each MoE layer's cache share hits).
+    pub expected_read_per_token: u64,
 }
 
 impl MemoryPlan {
@@ -93,9 +111,14 @@ impl MemoryPlan {
         self.state_per_token * self.state_tokens + copies * self.sequences * self.state_per_sequence
     }
 
-    /// Bytes the plan accounts for.
+    /// Bytes the plan spends (everything but what is left unused).
     pub fn total(&self) -> usize {
-        self.resident + self.state_reserve() + self.buffers + self.spine_buffers + self.expert_cache
+        self.fixed() + self.expert_cache
+    }
+
+    /// Everything but the expert cache.
+    fn fixed(&self) -> usize {
+        self.resident + self.state_reserve() + self.buffers + self.work + self.spine_buffers
     }
 
     /// Default budget: 90 % of the memory available now.
@@ -112,7 +135,9 @@ impl MemoryPlan {
             per_token: plan.state_bytes_per_token,
             per_sequence: plan.state_bytes_per_sequence,
         };
-        let (ctx_size, state_tokens) = state.pool(mem, options.ctx_size, sequences)?;
+        // What a run says it needs counts as its context, within the model's.
+        let needed = (options.positions).map(|n| n.clamp(1, plan.max_positions.max(1)));
+        let (ctx_size, state_tokens) = state.pool(mem, options.ctx_size.or(needed), sequences)?;
         let state_tokens = match options.state_tokens {
             Some(n) if n < ctx_size => {
                 return Err(EngineError::BadCtxSize(format!(
@@ -126,7 +151,14 @@ impl MemoryPlan {
             .prefill_chunk
             .unwrap_or_else(|| default_prefill_chunk(plan.hidden_dim))
             .clamp(1, ctx_size.max(1));
-        let buffers = 2 * strata_experts::DEFAULT_IO_THREADS * plan.bytes_per_expert() as usize + WORK_BYTES;
+        let expert = plan.bytes_per_expert() as usize + READ_SLACK;
+        let top_k = plan.layout.top_k.min(plan.layout.n_experts);
+        let in_flight = (top_k * sequences * if options.prefetch { 2 } else { 1 })
+            .min(strata_experts::DEFAULT_IO_THREADS);
+        let buffers = (2 * in_flight + top_k) * expert;
+        let work = WORK_BASE
+            + prefill_chunk * ACTIVATION_BYTES_PER_HIDDEN * plan.hidden_dim
+            + 2 * sequences * plan.vocab_size * 4;
         let layers: Vec<usize> = plan.layer_bytes.iter().map(|&b| b as usize).collect();
         let all_layers: usize = layers.iter().sum();
         let ends = plan.non_expert_bytes as usize - all_layers;
@@ -143,24 +175,29 @@ impl MemoryPlan {
             sequences,
             state_tokens,
             prefill_chunk,
+            in_flight,
             buffers,
+            work,
             expert_cache: 0,
             expert_cache_set: expert_cache.is_some(),
+            unused: 0,
+            expected_read_per_token: 0,
         };
         let stream = |p: &mut MemoryPlan, k: usize, ahead: usize| {
             p.streamed = spread(&layers, k);
             p.streamed_bytes = p.streamed.iter().map(|&l| layers[l]).sum();
             let largest = p.streamed.iter().map(|&l| layers[l]).max().unwrap_or(0);
             p.spine_ahead = ahead;
-            p.spine_buffers = (ahead + 2) * largest;
+            p.spine_buffers = if k == 0 { 0 } else { (ahead + 2) * largest };
             p.resident = ends + all_layers - p.streamed_bytes;
         };
-        let min_cache = expert_cache.unwrap_or(2 * plan.layout.top_k * plan.bytes_per_expert() as usize);
-        let fixed = |p: &MemoryPlan| p.resident + p.state_reserve() + p.buffers + p.spine_buffers;
-        let fits = |p: &MemoryPlan| fixed(p) + min_cache <= mem;
+        // An explicit --expert-cache is reserved like the rest; a derived one takes what is left.
+        let reserved_cache = expert_cache.unwrap_or(0);
+        let fits = |p: &MemoryPlan| p.fixed() + reserved_cache <= mem;
         let streamable = layers.iter().filter(|&&b| b > 0).count();
-        // Streamed layers, fewest first; for each number, reading as far ahead as fits (fewer
-        // layers ahead need fewer buffers but hide less of the reads).
+        // Streamed layers, fewest first (each costs its bytes at every token); for each number,
+        // reading as far ahead as fits (fewer layers ahead need fewer buffers but hide less of
+        // the reads).
         let stream_fitting = |p: &mut MemoryPlan, counts: std::ops::RangeInclusive<usize>| {
             for k in counts {
                 for ahead in (0..=SPINE_AHEAD).rev() {
@@ -178,19 +215,21 @@ impl MemoryPlan {
             SpineMode::Auto if !fits(&p) => stream_fitting(&mut p, 1..=streamable),
             SpineMode::Auto => {}
         }
-        p.expert_cache = match expert_cache {
-            Some(bytes) => bytes,
-            None if fixed(&p) <= mem => mem - fixed(&p),
-            None => {
-                return Err(EngineError::MemoryTooSmall {
-                    mem,
-                    resident: p.resident,
-                    state: p.state_reserve(),
-                    buffers: p.buffers + p.spine_buffers,
-                    streamed: p.streamed.len(),
-                })
-            }
-        };
+        if !fits(&p) {
+            return Err(EngineError::MemoryTooSmall {
+                mem,
+                resident: p.resident,
+                state: p.state_reserve(),
+                buffers: p.buffers + p.work + p.spine_buffers,
+                streamed: p.streamed.len(),
+            });
+        }
+        let left = mem - p.fixed();
+        p.expert_cache = expert_cache.unwrap_or_else(|| left.min(plan.expert_bytes as usize));
+        p.unused = left.saturating_sub(p.expert_cache);
+        let cached_share = (p.expert_cache as f64 / plan.expert_bytes.max(1) as f64).min(1.0);
+        p.expected_read_per_token =
+            p.streamed_bytes as u64 + (plan.uncached_token_bytes() as f64 * (1.0 - cached_share)) as u64;
         Ok(p)
     }
 }

@@ -68,7 +68,9 @@ struct Projection {
 
 pub fn bench(args: BenchArgs) -> Result<()> {
     let t_load = Instant::now();
-    let (engine, _) = args.model.load(&args.mem.load_options())?;
+    let mut load = args.mem.load_options();
+    load.positions = Some(args.prompt_len + args.tokens);
+    let (engine, _) = args.model.load(&load)?;
     let load_s = t_load.elapsed().as_secs_f64();
     let Some(store) = engine.experts.clone() else {
         bail!("this model has no routed experts to stream");

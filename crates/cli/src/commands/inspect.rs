@@ -129,7 +129,9 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
                 "state_bytes_per_sequence": m.state_per_sequence,
                 "ctx_size": m.ctx_size, "sequences": m.sequences, "state_tokens": m.state_tokens,
                 "state_reserve": m.state_reserve(), "prefill_chunk": m.prefill_chunk,
-                "buffers": m.buffers, "expert_cache": m.expert_cache,
+                "buffers": m.buffers, "reads_in_flight": m.in_flight, "work": m.work,
+                "expert_cache": m.expert_cache, "unused": m.unused,
+                "expected_read_per_token": m.expected_read_per_token,
                 "cached_expert_share": m.expert_cache as f64 / plan.expert_bytes.max(1) as f64,
             })),
             "memory_error": memory.as_ref().err().map(|e| e.to_string()),
@@ -211,8 +213,16 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
                 m.sequences,
                 m.ctx_size
             );
-            println!("  prompt chunk   {} tokens per step", m.prefill_chunk);
-            println!("  read buffers   {}", human_bytes(m.buffers as u64));
+            println!(
+                "  read buffers   {} ({} expert reads in flight, as many kept, one layer computing)",
+                human_bytes(m.buffers as u64),
+                m.in_flight
+            );
+            println!(
+                "  working memory {} (a {}-token prompt chunk's activations, logits, stacks)",
+                human_bytes(m.work as u64),
+                m.prefill_chunk
+            );
             println!(
                 "  expert cache   {} ({:.1} % of the experts{})",
                 human_bytes(m.expert_cache as u64),
@@ -222,6 +232,17 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
                 } else {
                     ""
                 }
+            );
+            if m.unused > 0 {
+                println!(
+                    "  unused         {} (every expert fits: the model cannot use more)",
+                    human_bytes(m.unused as u64)
+                );
+            }
+            println!(
+                "  reads/token    {} expected ({} of streamed layers, the rest experts missing from the cache if routing were uniform)",
+                human_bytes(m.expected_read_per_token),
+                human_bytes(m.streamed_bytes as u64)
             );
         }
         Err(e) => println!("memory plan      {e}"),

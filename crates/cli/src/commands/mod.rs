@@ -103,11 +103,20 @@ impl ModelArg {
 
     /// Loads the engine (remote models through their cache).
     pub fn load(&self, options: &strata_runtime::LoadOptions) -> Result<(strata_runtime::Engine, PathBuf)> {
-        let (dir, mirror) = self.open()?;
+        let opened = self.open()?;
+        Ok((self.load_opened(opened.clone(), options, None)?, opened.0))
+    }
+
+    /// Loads what [`ModelArg::open`] opened, with its tokenizer when the caller has it.
+    pub fn load_opened(
+        &self,
+        (dir, mirror): (PathBuf, Option<Arc<strata_remote::Mirror>>),
+        options: &strata_runtime::LoadOptions,
+        tokenizer: Option<strata_tokenizer::Tokenizer>,
+    ) -> Result<strata_runtime::Engine> {
         let source = mirror.map(|m| m as Arc<dyn strata_formats::RangeSource>);
-        let engine = strata_runtime::Engine::load_from(&dir, source, options)
-            .with_context(|| format!("loading model {}", self.describe()))?;
-        Ok((engine, dir))
+        strata_runtime::Engine::load_with(&dir, source, options, tokenizer)
+            .with_context(|| format!("loading model {}", self.describe()))
     }
 
     pub fn describe(&self) -> String {
@@ -225,6 +234,7 @@ impl MemArgs {
             },
             spine: self.spine.mode(),
             ctx_size: self.ctx_size,
+            positions: None,
             state_tokens: self.state_tokens,
             sequences: 1,
             prefill_chunk: self.prefill_chunk.map(|n| n as usize),

@@ -1,11 +1,13 @@
 //! `strata run`: prompt in, tokens out, streamed as they are generated.
 
 use std::io::Write;
+use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 use strata_runtime::{Engine, GenEvent, Request, SamplingParams};
+use strata_tokenizer::Tokenizer;
 
 use super::{parse_ids, MemArgs, ModelArg};
 
@@ -97,12 +99,12 @@ fn sampling(args: &RunArgs, engine: &Engine) -> Result<SamplingParams> {
     Ok(params)
 }
 
-fn prompt_ids(args: &RunArgs, engine: &Engine) -> Result<Vec<u32>> {
+fn prompt_ids(args: &RunArgs, tok: Option<&Tokenizer>, dir: &Path) -> Result<Vec<u32>> {
     if let Some(ids) = &args.ids {
         return parse_ids(ids);
     }
     let text = args.prompt.as_deref().expect("clap requires --prompt or --ids");
-    let tok = engine.tokenizer()?;
+    let tok = tok.ok_or_else(|| strata_runtime::EngineError::NoTokenizer(dir.to_path_buf()))?;
     if !args.chat {
         return Ok(tok.encode(text, true)?);
     }
@@ -125,10 +127,17 @@ fn prompt_ids(args: &RunArgs, engine: &Engine) -> Result<Vec<u32>> {
 
 pub fn run(args: RunArgs) -> Result<()> {
     let t_load = Instant::now();
-    let (engine, dir) = args.model.load(&args.mem.load_options())?;
+    // The prompt first: its length and --max-tokens are the positions the plan reserves.
+    let opened = args.model.open()?;
+    let dir = opened.0.clone();
+    let tokenizer = Engine::tokenizer_of(&dir)?;
+    let prompt = prompt_ids(&args, tokenizer.as_ref(), &dir)?;
+    let mut load = args.mem.load_options();
+    load.positions = Some(prompt.len().saturating_add(args.max_tokens));
+    let engine = args.model.load_opened(opened, &load, tokenizer)?;
     let load_s = t_load.elapsed().as_secs_f64();
     let request = Request {
-        prompt: prompt_ids(&args, &engine)?,
+        prompt,
         max_new_tokens: args.max_tokens,
         sampling: sampling(&args, &engine)?,
         stop: args.stop.clone(),
