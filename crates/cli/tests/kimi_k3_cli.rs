@@ -160,3 +160,49 @@ fn inspect_config_only_gives_kimi_k3_figures() {
     );
     assert!(text.contains("25.8 GB at zero cache hits"), "{text}");
 }
+
+/// Kimi K3 on a 64 GB machine: its BF16 spine (106 GiB) streams 43 of 93 layers, 47 GiB at
+/// every token; the INT8 spine (53.5 GiB) stays resident and leaves the rest to the experts.
+#[test]
+fn kimi_k3_int8_spine_stays_resident_in_64g() {
+    let config = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/kimi-k3-config.json");
+    let plan = |format: &str| {
+        strata(&[
+            "inspect",
+            "--config-only",
+            config.to_str().unwrap(),
+            "--json",
+            "--mem",
+            "64G",
+            "--ctx-size",
+            "8192",
+            "--spine-format",
+            format,
+        ])
+    };
+    let native = plan("native");
+    let int8 = plan("int8");
+    let num = |v: &Value| v.as_u64().unwrap_or_else(|| panic!("{v}"));
+    let (nm, im) = (&native["memory"], &int8["memory"]);
+    // Native: streams about half the layers, and says what INT8 would read instead.
+    let streamed = nm["streamed_layers"].as_array().unwrap().len();
+    assert!((40..=50).contains(&streamed), "{streamed} layers streamed");
+    assert!(num(&nm["streamed_bytes_per_token"]) > 40 << 30);
+    assert_eq!(
+        nm["int8_alternative_read_per_token"],
+        im["expected_read_per_token"]
+    );
+    // INT8: every linear layer at a byte per weight (+ a scale per row): 57.41 GB, resident.
+    assert_eq!(num(&int8["non_expert_bytes_int8"]), 57_410_211_200);
+    assert!(num(&int8["non_expert_bytes_int8"]) * 100 < num(&int8["non_expert_bytes"]) * 51);
+    assert!(im["streamed_layers"].as_array().unwrap().is_empty());
+    assert_eq!(num(&im["resident"]), 57_410_211_200);
+    // What is left goes to the expert cache: 64 GiB less the spine, 8192 positions of state,
+    // read buffers and working memory.
+    let fixed = num(&im["resident"]) + num(&im["state_reserve"]) + num(&im["buffers"]) + num(&im["work"]);
+    assert_eq!(num(&im["expert_cache"]), (64u64 << 30) - fixed);
+    assert!(num(&im["expert_cache"]) > 8 << 30, "{im}");
+    // Its price: the experts alone (no streamed layers), about 24 GB per token at zero hits.
+    assert_eq!(num(&im["streamed_bytes_per_token"]), 0);
+    assert!(num(&im["expected_read_per_token"]) < num(&nm["expected_read_per_token"]) / 2);
+}

@@ -46,6 +46,19 @@ struct Shard {
     file: File,
 }
 
+/// Linear layers converted to INT8 with one scale per row as they load (`--spine-format int8`),
+/// and where the converted bytes are kept between starts (a sidecar in strata's cache). The
+/// weight loader asks it first and gives it what it converted.
+pub trait Int8Spine: Send + Sync {
+    /// Whether the linear layer `base` is converted (routers, say, are not).
+    fn converts(&self, base: &str) -> bool;
+    /// `base`'s INT8 weight (out x in bytes) and f32 row scales, from an earlier start.
+    fn get(&self, base: &str, out_dim: usize, in_dim: usize) -> Option<(Vec<i8>, Vec<f32>)>;
+    /// Records `base`'s conversion for the next start (errors are the sidecar's: the load goes
+    /// on with the converted weight either way).
+    fn put(&self, base: &str, w: &[i8], scales: &[f32]);
+}
+
 /// Clones share the open files and the index.
 #[derive(Clone)]
 pub struct Checkpoint {
@@ -55,6 +68,7 @@ pub struct Checkpoint {
     quantization: Option<QuantizationConfig>,
     source: Option<Arc<dyn RangeSource>>,
     preloaded: Option<(Arc<dyn Preloaded>, BytesOwner)>,
+    int8: Option<Arc<dyn Int8Spine>>,
 }
 
 impl std::fmt::Debug for Checkpoint {
@@ -139,6 +153,7 @@ impl Checkpoint {
             quantization: None,
             source: None,
             preloaded: None,
+            int8: None,
         })
     }
 
@@ -162,7 +177,19 @@ impl Checkpoint {
             quantization: self.quantization.clone(),
             source: self.source.clone(),
             preloaded: Some((bytes, owner)),
+            // Streamed layers are built from the bytes read each time: they keep their format.
+            int8: None,
         }
+    }
+
+    /// Resident linear layers load as INT8 (`--spine-format int8`), through `spine`.
+    pub fn with_int8_spine(mut self, spine: Option<Arc<dyn Int8Spine>>) -> Checkpoint {
+        self.int8 = spine;
+        self
+    }
+
+    pub fn int8_spine(&self) -> Option<&Arc<dyn Int8Spine>> {
+        self.int8.as_ref()
     }
 
     /// A tensor's bytes when this view holds them in memory, with what keeps them alive.

@@ -11,7 +11,8 @@ mod quant;
 mod safetensors;
 
 pub use checkpoint::{
-    bytes_to_f32, BytesOwner, Checkpoint, Preloaded, RangeSource, TensorEntry, INDEX_FILE, SINGLE_FILE,
+    bytes_to_f32, BytesOwner, Checkpoint, Int8Spine, Preloaded, RangeSource, TensorEntry, INDEX_FILE,
+    SINGLE_FILE,
 };
 pub use config::{GenerationConfig, JsonConfig};
 pub use dtype::DType;

@@ -20,6 +20,31 @@ pub fn dot_int8_reference(w: &[i8], scale: f32, x: &[f32]) -> f32 {
     s * scale
 }
 
+/// Quantizes one row to INT8 with one scale: `scale = max|x| / 127`, `q = round(x / scale)`, so
+/// every weight is within half a step (`scale / 2`) of its value and the row's largest keeps
+/// its magnitude exactly; an all-zero row gets scale 0 (and zeros). Non-finite weights are an
+/// error (no scale can hold them).
+pub fn quantize_row(x: &[f32], q: &mut [i8]) -> Result<f32, String> {
+    debug_assert_eq!(x.len(), q.len());
+    let mut max = 0f32;
+    for &v in x {
+        if !v.is_finite() {
+            return Err(format!("a weight is {v}: INT8 cannot hold it"));
+        }
+        max = max.max(v.abs());
+    }
+    if max == 0.0 {
+        q.fill(0);
+        return Ok(0.0);
+    }
+    let scale = max / 127.0;
+    let inv = 127.0 / max;
+    for (o, &v) in q.iter_mut().zip(x) {
+        *o = (v * inv).round().clamp(-127.0, 127.0) as i8;
+    }
+    Ok(scale)
+}
+
 type DotInt8 = fn(&[i8], f32, &[f32]) -> f32;
 
 pub fn dot_int8(w: &[i8], scale: f32, x: &[f32]) -> f32 {
@@ -81,5 +106,61 @@ mod tests {
         let mut one_hot = vec![0f32; 9];
         one_hot[0] = 1.0;
         assert_eq!(dot_int8(&w, 2f32.powi(-20), &one_hot), -128.0 * 2f32.powi(-20));
+    }
+
+    #[test]
+    fn quantized_rows_are_within_half_a_step() {
+        let x: Vec<f32> = (0..1000)
+            .map(|i| ((i as f32) * 0.37).sin() * (1.0 + i as f32 / 100.0))
+            .collect();
+        let mut q = vec![0i8; x.len()];
+        let scale = quantize_row(&x, &mut q).unwrap();
+        let max = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        assert_eq!(scale, max / 127.0);
+        for (v, &qi) in x.iter().zip(&q) {
+            assert!(
+                (v - qi as f32 * scale).abs() <= scale / 2.0 * 1.0001,
+                "{v} -> {qi}"
+            );
+        }
+        assert!(q.iter().any(|&v| v.abs() == 127));
+        let mut z = vec![1i8; 4];
+        assert_eq!(quantize_row(&[0.0; 4], &mut z).unwrap(), 0.0);
+        assert_eq!(z, vec![0; 4]);
+        assert!(quantize_row(&[1.0, f32::NAN], &mut [0; 2]).is_err());
+    }
+
+    #[test]
+    fn a_bf16_linear_converts_row_by_row_and_4_bit_ones_do_not() {
+        use crate::{Linear, WeightData};
+        let (out, inp) = (37, 70);
+        let w: Vec<u16> = (0..out * inp)
+            .map(|i| {
+                half::bf16::from_f32(((i * 7919 % 1000) as f32 / 500.0 - 1.0) * (1 + i % 5) as f32).to_bits()
+            })
+            .collect();
+        let lin = Linear::new(out, inp, WeightData::Bf16(w.into()));
+        let q = lin.to_int8().unwrap().unwrap();
+        assert!(matches!(q.data, WeightData::Int8 { .. }));
+        assert_eq!(q.bytes(), out * inp + out * 4);
+        let (mut a, mut b) = (vec![0f32; inp], vec![0f32; inp]);
+        for r in 0..out {
+            lin.decode_row(r, &mut a);
+            q.decode_row(r, &mut b);
+            let step = a.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
+            for (x, y) in a.iter().zip(&b) {
+                assert!((x - y).abs() <= step / 2.0 * 1.001, "row {r}: {x} vs {y}");
+            }
+        }
+        let int4 = Linear::new(
+            1,
+            32,
+            WeightData::Int4 {
+                packed: vec![0u32; 4].into(),
+                scales: vec![0u16; 1].into(),
+                group: 32,
+            },
+        );
+        assert!(int4.to_int8().is_none());
     }
 }

@@ -464,6 +464,43 @@ impl Linear {
         }
     }
 
+    /// The weight as INT8 with one scale per output row (`int8::quantize_row` on each decoded
+    /// row), for dense and FP8 weights; None for the formats already 8 bits or fewer per weight
+    /// (INT8, INT4, MXFP4): nothing to gain.
+    pub fn to_int8(&self) -> Option<Result<Linear, String>> {
+        if matches!(
+            self.data,
+            WeightData::Int8 { .. } | WeightData::Int4 { .. } | WeightData::Mxfp4 { .. }
+        ) {
+            return None;
+        }
+        let n = self.in_dim;
+        let mut w = vec![0i8; self.out_dim * n];
+        let mut scales = vec![0f32; self.out_dim];
+        let rows: Result<(), String> = w
+            .par_chunks_mut(n.max(1))
+            .zip(scales.par_iter_mut())
+            .enumerate()
+            .try_for_each_init(
+                || vec![0f32; n],
+                |row, (r, (q, s))| {
+                    self.decode_row(r, row);
+                    *s = int8::quantize_row(row, q).map_err(|e| format!("row {r}: {e}"))?;
+                    Ok(())
+                },
+            );
+        Some(rows.map(|()| {
+            Linear::new(
+                self.out_dim,
+                self.in_dim,
+                WeightData::Int8 {
+                    w: w.into(),
+                    scales: scales.into(),
+                },
+            )
+        }))
+    }
+
     /// One row as f32 (embedding lookups).
     pub fn row_f32(&self, r: usize) -> Vec<f32> {
         let mut out = vec![0f32; self.in_dim];

@@ -281,9 +281,41 @@ impl LinearSpec {
     }
 }
 
-/// Loads the linear layer whose tensors start with `base` as a (out, in) weight in its stored format.
+/// Loads the linear layer whose tensors start with `base` as a (out, in) weight in its stored
+/// format, or as INT8 with one scale per row when the checkpoint converts its spine
+/// ([`Checkpoint::with_int8_spine`]): from the sidecar of an earlier start, else converted now
+/// (dense and FP8 weights; the 4- and 8-bit formats stay as they are).
 pub fn load_linear(ckpt: &Checkpoint, base: &str, out_dim: usize, in_dim: usize) -> Result<Linear> {
     let spec = resolve_linear(ckpt, base, out_dim, in_dim)?;
+    let Some(int8) = ckpt.int8_spine().filter(|s| s.converts(base)) else {
+        return load_native(ckpt, &spec);
+    };
+    if !matches!(spec.format, LinearFormat::Dense(_) | LinearFormat::Fp8 { .. }) {
+        return load_native(ckpt, &spec);
+    }
+    if let Some((w, scales)) = int8.get(base, out_dim, in_dim) {
+        let data = WeightData::Int8 {
+            w: w.into(),
+            scales: scales.into(),
+        };
+        data.check_shape(out_dim, in_dim)
+            .map_err(|e| bad(ckpt, base, e))?;
+        return Ok(Linear::new(out_dim, in_dim, data));
+    }
+    let native = load_native(ckpt, &spec)?;
+    let converted = match native.to_int8() {
+        Some(c) => c.map_err(|e| bad(ckpt, base, format!("converting to INT8: {e}")))?,
+        None => return Ok(native),
+    };
+    if let WeightData::Int8 { w, scales } = &converted.data {
+        int8.put(base, w, scales);
+    }
+    Ok(converted)
+}
+
+/// [`load_linear`] in the stored format.
+fn load_native(ckpt: &Checkpoint, spec: &LinearSpec) -> Result<Linear> {
+    let (base, out_dim, in_dim) = (spec.base.as_str(), spec.out_dim, spec.in_dim);
     // Bytes a streamed layer's reads hold already: the weight views them where it can.
     let views: Option<Vec<_>> = spec.tensors.iter().map(|t| ckpt.preloaded(t)).collect();
     if let Some(views) = views {

@@ -5,15 +5,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use strata_experts::{CachedStore, SpineStore};
-use strata_formats::{Checkpoint, DType, GenerationConfig, JsonConfig, QuantizationConfig};
+use strata_formats::{Checkpoint, GenerationConfig, JsonConfig, QuantizationConfig};
 use strata_models::{
-    family_for, layer_of, load_model, BlockBuilder, ExpertLayout, ExpertStore, KvCache, LayerStore, Loading,
-    Model, SeqInput, StreamedLayer, Trace,
+    family_for, load_model, BlockBuilder, ExpertLayout, ExpertStore, KvCache, LayerStore, Loading, Model,
+    SeqInput, StreamedLayer, Trace,
 };
 use strata_tokenizer::Tokenizer;
 
-use crate::MemoryPlan;
+use crate::int8_spine::Int8Sidecar;
 use crate::SamplingParams;
+use crate::{MemoryPlan, ModelPlan};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -42,8 +43,8 @@ pub enum EngineError {
     #[error("{}: the {family} family cannot list its tensors from config alone; give the model folder", path.display())]
     NoInventory { path: PathBuf, family: &'static str },
     #[error(
-        "--mem {} is too small for this model: its resident weights take {} ({streamed} layers streamed), decoding state for the reserved context {}, read buffers {}",
-        gib(*mem), gib(*resident), gib(*state), gib(*buffers)
+        "--mem {} is too small for this model: its resident weights take {} ({streamed} layers streamed), decoding state for the reserved context {}, read buffers {}{}",
+        gib(*mem), gib(*resident), gib(*state), gib(*buffers), hint
     )]
     MemoryTooSmall {
         mem: usize,
@@ -51,6 +52,8 @@ pub enum EngineError {
         state: usize,
         buffers: usize,
         streamed: usize,
+        /// What else would do (`--spine-format int8`), or empty.
+        hint: String,
     },
 }
 
@@ -75,6 +78,11 @@ pub struct LoadOptions {
     pub eviction: strata_experts::Eviction,
     /// Non-expert weights resident, streamed per layer, or whichever fits.
     pub spine: crate::SpineMode,
+    /// Resident non-expert weights as stored, or as INT8 (`--spine-format`).
+    pub spine_format: crate::SpineFormat,
+    /// strata's cache folder, where the INT8 spine's sidecar is kept (none: converted at every
+    /// start).
+    pub cache_dir: Option<PathBuf>,
     /// Positions one sequence may hold (`--ctx-size`). Default: the model's context, capped by
     /// the decoding-state share of `mem`.
     pub ctx_size: Option<usize>,
@@ -136,6 +144,9 @@ pub struct Engine {
     pub masked_ids: Vec<u32>,
     /// Faults to inject (tests).
     pub faults: crate::Faults,
+    /// The INT8 spine's sidecar (`--spine-format int8`): what this load read from it and
+    /// converted.
+    pub int8: Option<Arc<Int8Sidecar>>,
 }
 
 /// `logits` output: argmax at every position and the full logits of the last one.
@@ -175,6 +186,14 @@ impl Engine {
             .with_quantization(QuantizationConfig::from_config(&cfg.text_config()?)?)
             .with_source(source);
         let memory = MemoryPlan::new(&ModelPlan::from_dir(dir)?, options)?;
+        let int8 = (options.spine_format == crate::SpineFormat::Int8).then(|| {
+            Arc::new(Int8Sidecar::open(
+                options.cache_dir.as_deref(),
+                &ckpt,
+                memory.resident as u64,
+            ))
+        });
+        let ckpt = ckpt.with_int8_spine(int8.clone().map(|s| s as Arc<dyn strata_formats::Int8Spine>));
         let budget = memory.expert_cache;
         let store_slot: std::cell::RefCell<Option<Arc<CachedStore>>> = Default::default();
         let factory = |layout: &ExpertLayout| -> strata_models::Result<Arc<dyn ExpertStore>> {
@@ -212,6 +231,9 @@ impl Engine {
             layers: Some(&layers),
         };
         let model = load_model(&cfg, &ckpt, &loading)?;
+        if let Some(sidecar) = &int8 {
+            sidecar.finish();
+        }
         let tokenizer = match tokenizer {
             Some(t) => Some(t),
             None => Self::tokenizer_of(dir)?,
@@ -240,6 +262,7 @@ impl Engine {
             memory,
             masked_ids,
             faults: crate::Faults::from_env(),
+            int8,
         })
     }
 
@@ -327,156 +350,6 @@ impl Engine {
     }
 }
 
-/// What a model folder holds and what running it costs, from headers and config alone.
-#[derive(Clone, Debug)]
-pub struct ModelPlan {
-    pub architecture: String,
-    pub model_type: String,
-    pub family: &'static str,
-    pub n_layers: usize,
-    pub vocab_size: usize,
-    pub hidden_dim: usize,
-    pub layout: ExpertLayout,
-    pub max_positions: usize,
-    /// Decoding state (KV cache) of one position of one sequence.
-    pub state_bytes_per_token: usize,
-    /// Decoding state of one sequence whatever its length (recurrent layers).
-    pub state_bytes_per_sequence: usize,
-    pub total_params: u64,
-    pub expert_params: u64,
-    pub expert_bytes: u64,
-    pub non_expert_params: u64,
-    pub non_expert_bytes: u64,
-    /// Non-expert bytes of each decoder layer (the part that can stream).
-    pub layer_bytes: Vec<u64>,
-    /// Parameters of the input embedding when the head is a separate tensor (a row lookup per
-    /// token, not counted as active).
-    pub embedding_params: u64,
-    /// (dtype, tensors, bytes)
-    pub formats: Vec<(String, usize, u64)>,
-}
-
-impl ModelPlan {
-    pub fn from_dir(dir: &Path) -> Result<ModelPlan, EngineError> {
-        let cfg = JsonConfig::read(&dir.join("config.json"))?;
-        let ckpt = Checkpoint::open(dir)?;
-        let entries = ckpt.entries().map(|e| {
-            (
-                e.info.name.clone(),
-                e.info.dtype,
-                e.info.numel() as u64,
-                e.info.len,
-            )
-        });
-        Self::from_tensors(&cfg, entries)
-    }
-
-    /// The plan of a config alone (no weights): the family lists the tensors a checkpoint of
-    /// this config holds, in the real checkpoints' storage formats.
-    pub fn from_config(config: &Path) -> Result<ModelPlan, EngineError> {
-        let cfg = JsonConfig::read(config)?;
-        let family = family_for(&cfg)?;
-        let inventory = family.inventory.ok_or_else(|| EngineError::NoInventory {
-            path: config.to_path_buf(),
-            family: family.name,
-        })?;
-        let entries = inventory(&cfg)?.into_iter().map(|t| {
-            let numel: u64 = t.shape.iter().map(|&n| n as u64).product();
-            let bytes = numel * t.dtype.size() as u64;
-            (t.name, t.dtype, numel, bytes)
-        });
-        Self::from_tensors(&cfg, entries)
-    }
-
-    /// `tensors`: (name, dtype, elements, bytes) of every tensor.
-    fn from_tensors(
-        cfg: &JsonConfig,
-        tensors: impl Iterator<Item = (String, DType, u64, u64)>,
-    ) -> Result<ModelPlan, EngineError> {
-        let family = family_for(cfg)?;
-        let layout = (family.expert_layout)(cfg)?;
-        let summary = (family.summary)(cfg)?;
-        let mut prefixes = HashSet::new();
-        for &l in &layout.moe_layers {
-            for e in 0..layout.n_experts {
-                for p in 0..3 {
-                    prefixes.insert(layout.tensor_base(l, e, p));
-                }
-            }
-        }
-        let mut plan = ModelPlan {
-            architecture: cfg.architecture().unwrap_or("?").to_string(),
-            model_type: cfg.opt_str("model_type")?.unwrap_or("?").to_string(),
-            family: family.name,
-            n_layers: summary.n_layers,
-            vocab_size: summary.vocab_size,
-            hidden_dim: summary.hidden_dim,
-            layout,
-            max_positions: summary.max_positions,
-            state_bytes_per_token: summary.state_bytes_per_token,
-            state_bytes_per_sequence: summary.state_bytes_per_sequence,
-            total_params: 0,
-            expert_params: 0,
-            expert_bytes: 0,
-            non_expert_params: 0,
-            non_expert_bytes: 0,
-            layer_bytes: vec![0; summary.n_layers],
-            embedding_params: 0,
-            formats: Vec::new(),
-        };
-        let mut formats: std::collections::BTreeMap<String, (usize, u64)> = Default::default();
-        let (mut embedding, mut separate_head) = (0, false);
-        for (name, dtype, numel, len) in tensors {
-            let params = logical_params(&name, dtype, numel);
-            if name.ends_with("embed_tokens.weight") {
-                embedding = params;
-            }
-            separate_head |= name.ends_with("lm_head.weight");
-            let is_expert = name
-                .rsplit_once('.')
-                .is_some_and(|(base, _)| prefixes.contains(base));
-            if is_expert {
-                plan.expert_params += params;
-                plan.expert_bytes += len;
-            } else {
-                plan.non_expert_params += params;
-                plan.non_expert_bytes += len;
-                if let Some(l) = layer_of(&name).filter(|&l| l < summary.n_layers) {
-                    plan.layer_bytes[l] += len;
-                }
-            }
-            let f = formats.entry(dtype.name().to_string()).or_default();
-            f.0 += 1;
-            f.1 += len;
-        }
-        plan.total_params = plan.expert_params + plan.non_expert_params;
-        plan.embedding_params = if separate_head { embedding } else { 0 };
-        plan.formats = formats.into_iter().map(|(k, (n, b))| (k, n, b)).collect();
-        Ok(plan)
-    }
-
-    pub fn n_expert_slots(&self) -> u64 {
-        (self.layout.moe_layers.len() * self.layout.n_experts) as u64
-    }
-
-    pub fn bytes_per_expert(&self) -> u64 {
-        self.expert_bytes / self.n_expert_slots().max(1)
-    }
-
-    /// Parameters one token computes with: the non-expert weights (less the input embedding,
-    /// a lookup) and `top_k` routed experts per MoE layer.
-    pub fn active_params(&self) -> u64 {
-        let per_expert = self.expert_params / self.n_expert_slots().max(1);
-        self.non_expert_params - self.embedding_params
-            + per_expert * (self.layout.top_k * self.layout.moe_layers.len()) as u64
-    }
-
-    /// Expert bytes one token reads when no expert is cached.
-    pub fn uncached_token_bytes(&self) -> u64 {
-        self.bytes_per_expert() * (self.layout.top_k * self.layout.moe_layers.len()) as u64
-    }
-}
-
 /// For a checkpoint whose bytes come from a remote source: makes every non-expert tensor present
 /// first, adjacent tensors merged into one range (one request per contiguous missing run rather
 /// than one per tensor).
@@ -512,18 +385,4 @@ fn fetch_resident(cfg: &JsonConfig, ckpt: &Checkpoint) -> Result<(), EngineError
         ckpt.ensure(shard, a, b - a)?;
     }
     Ok(())
-}
-
-/// Elements of the unquantized matrix a tensor stands for (scales and shape tensors count 0).
-fn logical_params(name: &str, dtype: DType, numel: u64) -> u64 {
-    if name.ends_with("weight_scale") || name.ends_with("weight_scale_inv") || name.ends_with("weight_shape")
-    {
-        0
-    } else if name.ends_with("weight_packed") && dtype == DType::I32 {
-        numel * 8 // INT4: eight per 32-bit word
-    } else if name.ends_with("weight_packed") && dtype == DType::U8 {
-        numel * 2 // MXFP4: two per byte
-    } else {
-        numel
-    }
 }

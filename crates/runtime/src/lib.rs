@@ -5,16 +5,20 @@
 mod engine;
 mod faults;
 mod generate;
+mod int8_spine;
 mod memory;
+mod model_plan;
 mod rng;
 mod sampler;
 mod sequence;
 mod stop;
 
-pub use engine::{available_memory, parse_size, Engine, EngineError, LoadOptions, LogitsOutput, ModelPlan};
+pub use engine::{available_memory, parse_size, Engine, EngineError, LoadOptions, LogitsOutput};
 pub use faults::Faults;
 pub use generate::{Batch, FinishReason, GenEvent, Request, RequestExtras, TokenLogprobs};
-pub use memory::{MemoryPlan, SpineMode, MIN_STATE_TOKENS};
+pub use int8_spine::{Int8Sidecar, Int8Stats};
+pub use memory::{MemoryPlan, SpineFormat, SpineMode, MIN_STATE_TOKENS};
+pub use model_plan::ModelPlan;
 pub use rng::Rng;
 pub use sampler::{Sampler, SamplingParams};
 pub use stop::StopMatcher;

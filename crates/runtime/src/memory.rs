@@ -47,6 +47,17 @@ const WORK_BASE: usize = 32 << 20;
 /// Alignment slack of one expert's reads (a few runs, each rounded out to 4 KiB at both ends).
 const READ_SLACK: usize = 64 << 10;
 
+/// How resident non-expert weights are held (`--spine-format`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SpineFormat {
+    /// As the checkpoint stores them.
+    #[default]
+    Native,
+    /// Linear layers stored dense or FP8 as INT8 with one scale per row (half of BF16), kept in
+    /// a sidecar for the next start; streamed layers stay native.
+    Int8,
+}
+
 /// What happens to non-expert weights (`--spine`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SpineMode {
@@ -101,6 +112,10 @@ pub struct MemoryPlan {
     /// Bytes a token reads: streamed layers, plus the expert bytes it misses if routing were
     /// uniform (each MoE layer's cache share hits).
     pub expected_read_per_token: u64,
+    pub spine_format: SpineFormat,
+    /// When the native spine streams and the INT8 one would not: the bytes a token would read
+    /// with `--spine-format int8`.
+    pub int8_alternative: Option<u64>,
 }
 
 impl MemoryPlan {
@@ -159,12 +174,24 @@ impl MemoryPlan {
         let work = WORK_BASE
             + prefill_chunk * ACTIVATION_BYTES_PER_HIDDEN * plan.hidden_dim
             + 2 * sequences * plan.vocab_size * 4;
+        // What a layer costs resident (in the spine's format) and streamed (always as stored).
+        let int8 = options.spine_format == SpineFormat::Int8;
         let layers: Vec<usize> = plan.layer_bytes.iter().map(|&b| b as usize).collect();
-        let all_layers: usize = layers.iter().sum();
-        let ends = plan.non_expert_bytes as usize - all_layers;
+        let held: Vec<usize> = if int8 {
+            plan.layer_bytes_int8.iter().map(|&b| b as usize).collect()
+        } else {
+            layers.clone()
+        };
+        let all_held: usize = held.iter().sum();
+        let spine_held = if int8 {
+            plan.non_expert_bytes_int8
+        } else {
+            plan.non_expert_bytes
+        } as usize;
+        let ends = spine_held - all_held;
         let mut p = MemoryPlan {
             mem,
-            resident: plan.non_expert_bytes as usize,
+            resident: spine_held,
             streamed: Vec::new(),
             streamed_bytes: 0,
             spine_ahead: SPINE_AHEAD,
@@ -182,6 +209,8 @@ impl MemoryPlan {
             expert_cache_set: expert_cache.is_some(),
             unused: 0,
             expected_read_per_token: 0,
+            spine_format: options.spine_format,
+            int8_alternative: None,
         };
         let stream = |p: &mut MemoryPlan, k: usize, ahead: usize| {
             p.streamed = spread(&layers, k);
@@ -189,7 +218,7 @@ impl MemoryPlan {
             let largest = p.streamed.iter().map(|&l| layers[l]).max().unwrap_or(0);
             p.spine_ahead = ahead;
             p.spine_buffers = if k == 0 { 0 } else { (ahead + 2) * largest };
-            p.resident = ends + all_layers - p.streamed_bytes;
+            p.resident = ends + all_held - p.streamed.iter().map(|&l| held[l]).sum::<usize>();
         };
         // An explicit --expert-cache is reserved like the rest; a derived one takes what is left.
         let reserved_cache = expert_cache.unwrap_or(0);
@@ -216,12 +245,22 @@ impl MemoryPlan {
             SpineMode::Auto => {}
         }
         if !fits(&p) {
+            let as_int8 = LoadOptions {
+                spine_format: SpineFormat::Int8,
+                ..options.clone()
+            };
+            let hint = if !int8 && MemoryPlan::new(plan, &as_int8).is_ok() {
+                "; with --spine-format int8 it fits".to_string()
+            } else {
+                String::new()
+            };
             return Err(EngineError::MemoryTooSmall {
                 mem,
                 resident: p.resident,
                 state: p.state_reserve(),
                 buffers: p.buffers + p.work + p.spine_buffers,
                 streamed: p.streamed.len(),
+                hint,
             });
         }
         let left = mem - p.fixed();
@@ -230,6 +269,17 @@ impl MemoryPlan {
         let cached_share = (p.expert_cache as f64 / plan.expert_bytes.max(1) as f64).min(1.0);
         p.expected_read_per_token =
             p.streamed_bytes as u64 + (plan.uncached_token_bytes() as f64 * (1.0 - cached_share)) as u64;
+        if !int8 && !p.streamed.is_empty() && options.spine == SpineMode::Auto {
+            let as_int8 = LoadOptions {
+                spine_format: SpineFormat::Int8,
+                ..options.clone()
+            };
+            if let Ok(q) = MemoryPlan::new(plan, &as_int8) {
+                if q.streamed.is_empty() {
+                    p.int8_alternative = Some(q.expected_read_per_token);
+                }
+            }
+        }
         Ok(p)
     }
 }

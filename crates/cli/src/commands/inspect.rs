@@ -19,6 +19,9 @@ pub struct InspectArgs {
     /// Plan non-expert weights this way (see `strata run --help`).
     #[arg(long, value_enum, default_value_t = super::Spine::Auto)]
     spine: super::Spine,
+    /// Plan the resident non-expert weights in this format (see `strata run --help`).
+    #[arg(long, value_enum, default_value_t = super::SpineFormatArg::Native)]
+    spine_format: super::SpineFormatArg,
     /// Plan decoding state for this context per sequence (see `strata run --help`).
     #[arg(long, short = 'c', value_name = "N")]
     ctx_size: Option<usize>,
@@ -39,6 +42,25 @@ pub struct InspectArgs {
     /// checkpoint of that config holds, in the published storage formats (Kimi K3, Kimi Linear).
     #[arg(long, value_name = "CONFIG.json", conflicts_with = "model")]
     config_only: Option<std::path::PathBuf>,
+}
+
+/// The plan's shares, for `--json`.
+fn memory_json(m: &MemoryPlan, plan: &ModelPlan) -> serde_json::Value {
+    serde_json::json!({
+                "mem": m.mem, "resident": m.resident, "streamed_layers": m.streamed,
+                "streamed_bytes_per_token": m.streamed_bytes, "spine_buffers": m.spine_buffers,
+                "spine_ahead": m.spine_ahead,
+                "state_bytes_per_token": m.state_per_token,
+                "state_bytes_per_sequence": m.state_per_sequence,
+                "ctx_size": m.ctx_size, "sequences": m.sequences, "state_tokens": m.state_tokens,
+                "state_reserve": m.state_reserve(), "prefill_chunk": m.prefill_chunk,
+                "buffers": m.buffers, "reads_in_flight": m.in_flight, "work": m.work,
+                "expert_cache": m.expert_cache, "unused": m.unused,
+                "expected_read_per_token": m.expected_read_per_token,
+                "spine_format": format!("{:?}", m.spine_format).to_lowercase(),
+                "int8_alternative_read_per_token": m.int8_alternative,
+                "cached_expert_share": m.expert_cache as f64 / plan.expert_bytes.max(1) as f64,
+    })
 }
 
 fn human_bytes(b: u64) -> String {
@@ -94,6 +116,7 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
         mem: args.mem,
         expert_cache: args.expert_cache,
         spine: args.spine.mode(),
+        spine_format: args.spine_format.format(),
         ctx_size: args.ctx_size,
         state_tokens: args.state_tokens,
         sequences: args.max_concurrent,
@@ -118,22 +141,11 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
             "non_expert_params": plan.non_expert_params,
             "expert_bytes": plan.expert_bytes,
             "non_expert_bytes": plan.non_expert_bytes,
+            "non_expert_bytes_int8": plan.non_expert_bytes_int8,
             "layer_bytes": plan.layer_bytes,
             "bytes_per_expert": plan.bytes_per_expert(),
             "uncached_token_bytes": plan.uncached_token_bytes(),
-            "memory": memory.as_ref().ok().map(|m| serde_json::json!({
-                "mem": m.mem, "resident": m.resident, "streamed_layers": m.streamed,
-                "streamed_bytes_per_token": m.streamed_bytes, "spine_buffers": m.spine_buffers,
-                "spine_ahead": m.spine_ahead,
-                "state_bytes_per_token": m.state_per_token,
-                "state_bytes_per_sequence": m.state_per_sequence,
-                "ctx_size": m.ctx_size, "sequences": m.sequences, "state_tokens": m.state_tokens,
-                "state_reserve": m.state_reserve(), "prefill_chunk": m.prefill_chunk,
-                "buffers": m.buffers, "reads_in_flight": m.in_flight, "work": m.work,
-                "expert_cache": m.expert_cache, "unused": m.unused,
-                "expected_read_per_token": m.expected_read_per_token,
-                "cached_expert_share": m.expert_cache as f64 / plan.expert_bytes.max(1) as f64,
-            })),
+            "memory": memory.as_ref().ok().map(|m| memory_json(m, &plan)),
             "memory_error": memory.as_ref().err().map(|e| e.to_string()),
             "formats": plan.formats.iter().map(|(d, n, b)| serde_json::json!({"dtype": d, "tensors": n, "bytes": b})).collect::<Vec<_>>(),
         });
@@ -182,8 +194,13 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
             println!("memory plan      --mem {}", human_bytes(m.mem as u64));
             if m.streamed.is_empty() {
                 println!(
-                    "  resident       {} (non-expert weights)",
-                    human_bytes(m.resident as u64)
+                    "  resident       {} (non-expert weights{})",
+                    human_bytes(m.resident as u64),
+                    if m.spine_format == strata_runtime::SpineFormat::Int8 {
+                        ", linear layers as INT8"
+                    } else {
+                        ""
+                    }
                 );
             } else {
                 println!(
@@ -244,6 +261,12 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
                 human_bytes(m.expected_read_per_token),
                 human_bytes(m.streamed_bytes as u64)
             );
+            if let Some(int8) = m.int8_alternative {
+                println!(
+                    "  with --spine-format int8 every layer stays resident: {} per token expected",
+                    human_bytes(int8)
+                );
+            }
         }
         Err(e) => println!("memory plan      {e}"),
     }

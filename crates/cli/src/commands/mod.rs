@@ -115,8 +115,14 @@ impl ModelArg {
         tokenizer: Option<strata_tokenizer::Tokenizer>,
     ) -> Result<strata_runtime::Engine> {
         let source = mirror.map(|m| m as Arc<dyn strata_formats::RangeSource>);
-        strata_runtime::Engine::load_with(&dir, source, options, tokenizer)
-            .with_context(|| format!("loading model {}", self.describe()))
+        let mut options = options.clone();
+        if options.cache_dir.is_none() {
+            options.cache_dir = Some(self.remote_options().cache_dir);
+        }
+        let engine = strata_runtime::Engine::load_with(&dir, source, &options, tokenizer)
+            .with_context(|| format!("loading model {}", self.describe()))?;
+        say_how_the_spine_is_held(&engine);
+        Ok(engine)
     }
 
     pub fn describe(&self) -> String {
@@ -124,6 +130,35 @@ impl ModelArg {
             Some(d) => d.clone(),
             None => default_model::NAME.to_string(),
         }
+    }
+}
+
+/// One line on stderr when the plan streams layers that INT8 would keep resident, and one on
+/// what the INT8 spine took from its sidecar and converted.
+fn say_how_the_spine_is_held(engine: &strata_runtime::Engine) {
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let m = &engine.memory;
+    if let Some(int8) = m.int8_alternative {
+        eprintln!(
+            "[strata] {} layers stream ({:.2} GiB read per token in all, expected); with --spine-format int8 every layer would stay resident ({:.2} GiB per token)",
+            m.streamed.len(),
+            gib(m.expected_read_per_token),
+            gib(int8)
+        );
+    }
+    if let Some(sidecar) = &engine.int8 {
+        use std::sync::atomic::Ordering::Relaxed;
+        let s = &sidecar.stats;
+        eprintln!(
+            "[strata] INT8 spine: {} layers ({:.2} GiB) read from {}, {} converted ({:.2} GiB)",
+            s.read_layers.load(Relaxed),
+            gib(s.read_bytes.load(Relaxed)),
+            sidecar
+                .dir()
+                .map_or_else(|| "no sidecar".to_string(), |d| d.display().to_string()),
+            s.converted_layers.load(Relaxed),
+            gib(s.converted_bytes.load(Relaxed)),
+        );
     }
 }
 
@@ -163,6 +198,11 @@ pub struct MemArgs {
     /// `resident` refuses to stream; `stream` streams every decoder layer.
     #[arg(long, value_enum, default_value_t = Spine::Auto)]
     pub spine: Spine,
+    /// Resident non-expert weights: `native` (as stored) or `int8` (linear layers stored dense
+    /// or FP8 as INT8 with one scale per row: half of BF16, converted once and kept in the
+    /// cache for the next start; accuracy in docs/INT8.md).
+    #[arg(long, value_enum, default_value_t = SpineFormatArg::Native)]
+    pub spine_format: SpineFormatArg,
     /// Positions (prompt + generated tokens) one sequence may hold; decoding state for them is
     /// reserved in --mem. Default: the model's context, capped by an eighth of --mem.
     #[arg(long, short = 'c', value_name = "N")]
@@ -192,6 +232,21 @@ impl Spine {
             Spine::Auto => strata_runtime::SpineMode::Auto,
             Spine::Resident => strata_runtime::SpineMode::Resident,
             Spine::Stream => strata_runtime::SpineMode::Stream,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SpineFormatArg {
+    Native,
+    Int8,
+}
+
+impl SpineFormatArg {
+    pub fn format(self) -> strata_runtime::SpineFormat {
+        match self {
+            SpineFormatArg::Native => strata_runtime::SpineFormat::Native,
+            SpineFormatArg::Int8 => strata_runtime::SpineFormat::Int8,
         }
     }
 }
@@ -233,6 +288,8 @@ impl MemArgs {
                 Io::Mmap => strata_experts::IoMode::Mmap,
             },
             spine: self.spine.mode(),
+            spine_format: self.spine_format.format(),
+            cache_dir: None,
             ctx_size: self.ctx_size,
             positions: None,
             state_tokens: self.state_tokens,
