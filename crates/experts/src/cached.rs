@@ -149,27 +149,55 @@ struct Shared {
 pub struct CachedStore {
     shared: Arc<Shared>,
     workers: Vec<std::thread::JoinHandle<()>>,
+    /// Faults in read buffers ahead of the reads (none with `--io mmap`).
+    warmer: Option<pool::Warmer>,
     /// The store's counters (streamed layers' reads count here too).
     pub stats: Arc<StoreStats>,
+}
+
+/// When the expert cache's memory is faulted in: all of it while the model loads (on every core;
+/// no token then waits for the kernel to zero fresh pages), or as experts are first read (a
+/// quicker start, slower first tokens).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FaultIn {
+    #[default]
+    AtLoad,
+    OnRead,
 }
 
 /// Reader threads: direct reads overlap each other (the device queues them) and compute.
 pub const DEFAULT_IO_THREADS: usize = 8;
 
+/// How a [`CachedStore`] holds and reads experts.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CacheOptions {
+    /// Bytes of decoded experts held in RAM at most.
+    pub budget: usize,
+    /// Read buffers (each an expert's reads) kept for reuse at most.
+    pub kept_buffers: usize,
+    /// Read predicted experts ahead (`ExpertStore::prefetch`).
+    pub prefetch: bool,
+    pub io: IoMode,
+    pub eviction: Eviction,
+    pub fault_in: FaultIn,
+}
+
 impl CachedStore {
     /// Resolves every expert of `layout` (all checks happen now, not mid-generation), opens the
-    /// shards for direct reads and starts the reader pool. `budget` bounds the decoded experts
-    /// held in RAM; `kept_buffers` read buffers (each an expert's reads) are kept for reuse at
-    /// most; `prefetch` enables reads of predicted experts.
+    /// shards for direct reads, starts the reader pool and (`FaultIn::AtLoad`) the warmer.
     pub fn open(
         ckpt: &Checkpoint,
         layout: &ExpertLayout,
-        budget: usize,
-        kept_buffers: usize,
-        prefetch: bool,
-        io: IoMode,
-        eviction: Eviction,
+        options: CacheOptions,
     ) -> strata_models::Result<CachedStore> {
+        let CacheOptions {
+            budget,
+            kept_buffers,
+            prefetch,
+            io,
+            eviction,
+            fault_in,
+        } = options;
         let mut plans = HashMap::new();
         for &layer in &layout.moe_layers {
             for e in 0..layout.n_experts {
@@ -187,6 +215,8 @@ impl CachedStore {
             })
             .max()
             .unwrap_or(0);
+        let warm = warm_lengths(&plans, budget, kept_buffers.max(1));
+        let warm_bytes = warm.iter().map(|&l| AlignedBuf::capacity_for(l)).sum::<usize>();
         let mut files = Vec::with_capacity(ckpt.n_shards());
         for s in 0..ckpt.n_shards() {
             let path = ckpt.shard_path(s);
@@ -216,11 +246,7 @@ impl CachedStore {
             inflight: Mutex::new(HashMap::new()),
             jobs: Jobs::new(),
             predictions: Mutex::new(HashMap::new()),
-            pool: Arc::new(BufferPool {
-                free: Mutex::new((Vec::new(), 0)),
-                max_bytes: kept_buffers.max(1) * largest,
-                fresh_bytes: Default::default(),
-            }),
+            pool: Arc::new(BufferPool::new(warm_bytes.max(kept_buffers.max(1) * largest))),
             prefetch: prefetch && io != IoMode::Mmap,
             demand_paging: io == IoMode::Mmap,
             eviction,
@@ -241,10 +267,13 @@ impl CachedStore {
             let shared = shared.clone();
             spawn_readers("strata-io", DEFAULT_IO_THREADS, move || shared.worker())
         };
+        let warmer = (io != IoMode::Mmap && fault_in == FaultIn::AtLoad)
+            .then(|| pool::Warmer::start(&shared.pool, warm));
         Ok(CachedStore {
             stats: shared.stats.clone(),
             shared,
             workers,
+            warmer,
         })
     }
 
@@ -267,6 +296,20 @@ impl CachedStore {
     /// pages faulted in and zeroed).
     pub fn fresh_buffer_bytes(&self) -> u64 {
         self.shared.pool.fresh_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of read buffers faulted in ahead of need so far.
+    pub fn warmed_buffer_bytes(&self) -> u64 {
+        self.shared.pool.warmed_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Waits until the buffers of the whole cache are faulted in (begun by `open`, on every
+    /// core, so it overlaps the rest of the model's loading); returns the bytes faulted in.
+    pub fn finish_warming(&self) -> u64 {
+        if let Some(w) = &self.warmer {
+            w.wait();
+        }
+        self.warmed_buffer_bytes()
     }
 
     /// Bytes of decoded experts held now.
@@ -335,6 +378,32 @@ impl CachedStore {
         }
         Ok((bytes?, seconds))
     }
+}
+
+/// The buffers the warmer makes: of each run length the experts' reads use, as many as the
+/// experts `budget` holds (at most all of them) and `reads` experts being read need, in
+/// proportion to how many runs of that length all experts have (so any mix of experts fits).
+fn warm_lengths(plans: &HashMap<Key, ExpertPlan>, budget: usize, reads: usize) -> Vec<usize> {
+    let Some(largest) = plans.values().map(|p| p.bytes).max() else {
+        return Vec::new();
+    };
+    let mut runs: BTreeMap<usize, usize> = BTreeMap::new();
+    for p in plans.values() {
+        for r in &p.runs {
+            *runs.entry(r.len as usize + 2 * crate::direct::ALIGN).or_default() += 1;
+        }
+    }
+    let experts = plans.len();
+    let cached = (budget as u64 / largest.max(1)).min(experts as u64) as usize;
+    let wanted = (cached + reads).min(experts);
+    // Largest first, interleaved lengths: a stop part way leaves a useful mix.
+    let counts: Vec<(usize, usize)> = (runs.into_iter().rev())
+        .map(|(len, n)| (len, (n * wanted).div_ceil(experts)))
+        .collect();
+    let most = counts.iter().map(|c| c.1).max().unwrap_or(0);
+    (0..most)
+        .flat_map(|i| counts.iter().filter(move |c| c.1 > i).map(|c| c.0))
+        .collect()
 }
 
 impl Drop for CachedStore {

@@ -11,7 +11,9 @@ mod jobs;
 mod plan;
 mod spine;
 
-pub use cached::{uring_available, CachedStore, Eviction, StoreStats, DEFAULT_IO_THREADS};
+pub use cached::{
+    uring_available, CacheOptions, CachedStore, Eviction, FaultIn, StoreStats, DEFAULT_IO_THREADS,
+};
 pub use direct::IoMode;
 pub use plan::{ExpertPlan, ReadRun};
 pub use spine::{SpineStore, DEFAULT_AHEAD};

@@ -76,6 +76,8 @@ pub struct LoadOptions {
     pub io: strata_experts::IoMode,
     /// Which cached expert makes room for a new one.
     pub eviction: strata_experts::Eviction,
+    /// When the expert cache's memory is faulted in (`--fault-in`).
+    pub fault_in: strata_experts::FaultIn,
     /// Non-expert weights resident, streamed per layer, or whichever fits.
     pub spine: crate::SpineMode,
     /// Resident non-expert weights as stored, or as INT8 (`--spine-format`).
@@ -197,15 +199,15 @@ impl Engine {
         let budget = memory.expert_cache;
         let store_slot: std::cell::RefCell<Option<Arc<CachedStore>>> = Default::default();
         let factory = |layout: &ExpertLayout| -> strata_models::Result<Arc<dyn ExpertStore>> {
-            let store = Arc::new(CachedStore::open(
-                &ckpt,
-                layout,
+            let cache = strata_experts::CacheOptions {
                 budget,
-                memory.in_flight,
-                options.prefetch,
-                options.io,
-                options.eviction,
-            )?);
+                kept_buffers: memory.in_flight,
+                prefetch: options.prefetch,
+                io: options.io,
+                eviction: options.eviction,
+                fault_in: options.fault_in,
+            };
+            let store = Arc::new(CachedStore::open(&ckpt, layout, cache)?);
             *store_slot.borrow_mut() = Some(store.clone());
             Ok(store)
         };
@@ -231,6 +233,9 @@ impl Engine {
             layers: Some(&layers),
         };
         let model = load_model(&cfg, &ckpt, &loading)?;
+        if let Some(store) = store_slot.borrow().as_ref() {
+            finish_warming(store);
+        }
         if let Some(sidecar) = &int8 {
             sidecar.finish();
         }
@@ -385,4 +390,18 @@ fn fetch_resident(cfg: &JsonConfig, ckpt: &Checkpoint) -> Result<(), EngineError
         ckpt.ensure(shard, a, b - a)?;
     }
     Ok(())
+}
+
+/// Waits for the expert cache's buffers to be faulted in (begun as the store opened, so mostly
+/// done while the rest loaded), saying so when that wait is long.
+fn finish_warming(store: &CachedStore) {
+    let t0 = std::time::Instant::now();
+    let bytes = store.finish_warming();
+    let waited = t0.elapsed().as_secs_f64();
+    if waited >= 1.0 {
+        eprintln!(
+            "[strata] expert cache: {:.2} GiB of read buffers faulted in as the model loaded ({waited:.1} s after the rest)",
+            bytes as f64 / (1u64 << 30) as f64
+        );
+    }
 }

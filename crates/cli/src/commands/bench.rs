@@ -352,6 +352,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             "load_s": load_s,
             "expert_cache_bytes": store.budget(),
             "fresh_read_buffer_bytes": store.fresh_buffer_bytes(),
+            "warmed_read_buffer_bytes": store.warmed_buffer_bytes(),
             "prefill_tokens": request.prompt.len(),
             "prefill_s": prefill_s,
             "prefill_bytes_read": prefill_stats[2] - before.store[2],

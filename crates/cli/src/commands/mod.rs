@@ -186,6 +186,11 @@ pub struct MemArgs {
     /// (demand paging, kept to measure what it costs).
     #[arg(long, value_enum, default_value_t = Io::Pread)]
     io: Io,
+    /// When the expert cache's memory is faulted in: `at-load` (on every core while the model
+    /// loads, so no token waits for the kernel to zero fresh pages; the load takes that much
+    /// longer) or `on-read` (as experts are first read: a quicker start, slower first tokens).
+    #[arg(long, value_enum, default_value_t = FaultIn::AtLoad)]
+    fault_in: FaultIn,
     /// Which cached expert makes room: `lru` (least recently used) or `lfu` (least frequently
     /// used, each use's weight halving every --lfu-half-life expert accesses).
     #[arg(long, value_enum, default_value_t = CachePolicy::Lru)]
@@ -264,6 +269,12 @@ pub enum Switch {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum FaultIn {
+    AtLoad,
+    OnRead,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Io {
     Pread,
     Uring,
@@ -286,6 +297,10 @@ impl MemArgs {
                 Io::Pread => strata_experts::IoMode::Direct,
                 Io::Uring => strata_experts::IoMode::Uring,
                 Io::Mmap => strata_experts::IoMode::Mmap,
+            },
+            fault_in: match self.fault_in {
+                FaultIn::AtLoad => strata_experts::FaultIn::AtLoad,
+                FaultIn::OnRead => strata_experts::FaultIn::OnRead,
             },
             spine: self.spine.mode(),
             spine_format: self.spine_format.format(),

@@ -1,7 +1,7 @@
 //! `strata synth` (hidden; a project tool): writes a large random checkpoint with a real model's
 //! shapes and formats (Kimi K2 or DeepSeek-V3 numbers with experts as INT4 pack-quantized, FP8
 //! block-scaled or BF16; Kimi K3 numbers with MXFP4 experts, its tensor list taken from the
-//! family's own inventory), fewer layers, straight to disk in bounded memory, for benchmarks and
+//! family's own inventory; Qwen3-30B-A3B numbers in BF16), fewer layers, straight to disk in bounded memory, for benchmarks and
 //! tests of the streaming path on models larger than RAM. The weights are noise.
 
 use std::io::{BufWriter, Write};
@@ -16,6 +16,8 @@ pub enum Preset {
     DeepseekV3,
     /// Kimi K3 (MXFP4 experts; --expert-format is ignored).
     KimiK3,
+    /// Qwen3-30B-A3B's numbers (BF16 throughout; --expert-format is ignored).
+    Qwen3Moe,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -231,8 +233,10 @@ fn linear(out: &mut Vec<Tensor>, base: &str, rows: usize, cols: usize, format: E
 }
 
 pub fn synth(args: SynthArgs) -> Result<()> {
-    if args.preset == Preset::KimiK3 {
-        return synth_k3(&args);
+    match args.preset {
+        Preset::KimiK3 => return synth_k3(&args),
+        Preset::Qwen3Moe => return synth_qwen3_moe(&args),
+        Preset::KimiK2 | Preset::DeepseekV3 => {}
     }
     let (
         hidden,
@@ -251,13 +255,13 @@ pub fn synth(args: SynthArgs) -> Result<()> {
     ) = match args.preset {
         Preset::KimiK2 => (7168, 18432, 2048, 64, 1536, 512, 128, 64, 128, 384, 8, 1, 1),
         Preset::DeepseekV3 => (7168, 18432, 2048, 128, 1536, 512, 128, 64, 128, 256, 8, 8, 4),
-        Preset::KimiK3 => unreachable!("handled by synth_k3"),
+        Preset::KimiK3 | Preset::Qwen3Moe => unreachable!("handled above"),
     };
     let experts = args.experts.unwrap_or(experts);
     let vocab = args.vocab.unwrap_or(match args.preset {
         Preset::KimiK2 => 163840,
         Preset::DeepseekV3 => 129280,
-        Preset::KimiK3 => unreachable!("handled by synth_k3"),
+        Preset::KimiK3 | Preset::Qwen3Moe => unreachable!("handled above"),
     });
     let first_dense = 1.min(args.layers);
     if experts < top_k || !experts.is_multiple_of(n_group) {
@@ -343,7 +347,7 @@ pub fn synth(args: SynthArgs) -> Result<()> {
     let model_type = match args.preset {
         Preset::KimiK2 => "kimi_k2",
         Preset::DeepseekV3 => "deepseek_v3",
-        Preset::KimiK3 => unreachable!("handled by synth_k3"),
+        Preset::KimiK3 | Preset::Qwen3Moe => unreachable!("handled above"),
     };
     let mut config = json!({
         "architectures": ["DeepseekV3ForCausalLM"],
@@ -487,6 +491,98 @@ fn k3_config(layers: usize, experts: usize, vocab: usize) -> serde_json::Value {
         "strata_synthetic": "random weights written by `strata synth`",
         "text_config": text,
     })
+}
+
+/// A Qwen3-MoE-shaped checkpoint (Qwen3-30B-A3B's numbers, BF16), one shard per layer plus one
+/// for the embeddings and head.
+fn synth_qwen3_moe(args: &SynthArgs) -> Result<()> {
+    let (hidden, inter, moe_inter, heads, kv_heads, head_dim) = (2048, 6144, 768, 32, 4, 128);
+    let experts = args.experts.unwrap_or(128);
+    let (top_k, vocab) = (8, args.vocab.unwrap_or(151936));
+    if experts < top_k {
+        bail!("--experts must be at least {top_k}");
+    }
+    if args.out.join("config.json").exists() {
+        bail!("{} already holds a model", args.out.display());
+    }
+    std::fs::create_dir_all(&args.out)?;
+    let a = 0.02 * 3f32.sqrt();
+    let bf16 = |name: String, shape: Vec<usize>| Tensor {
+        name,
+        dtype: "BF16",
+        shape,
+        fill: Fill::Bf16(a),
+    };
+    let ones = |name: String, n: usize| Tensor {
+        name,
+        dtype: "BF16",
+        shape: vec![n],
+        fill: Fill::Ones,
+    };
+    let mut shards: Vec<Vec<Tensor>> = vec![vec![
+        bf16("model.embed_tokens.weight".into(), vec![vocab, hidden]),
+        ones("model.norm.weight".into(), hidden),
+        bf16("lm_head.weight".into(), vec![vocab, hidden]),
+    ]];
+    for l in 0..args.layers {
+        let p = format!("model.layers.{l}");
+        let mut t = vec![
+            ones(format!("{p}.input_layernorm.weight"), hidden),
+            ones(format!("{p}.post_attention_layernorm.weight"), hidden),
+            bf16(
+                format!("{p}.self_attn.q_proj.weight"),
+                vec![heads * head_dim, hidden],
+            ),
+            bf16(
+                format!("{p}.self_attn.k_proj.weight"),
+                vec![kv_heads * head_dim, hidden],
+            ),
+            bf16(
+                format!("{p}.self_attn.v_proj.weight"),
+                vec![kv_heads * head_dim, hidden],
+            ),
+            bf16(
+                format!("{p}.self_attn.o_proj.weight"),
+                vec![hidden, heads * head_dim],
+            ),
+            ones(format!("{p}.self_attn.q_norm.weight"), head_dim),
+            ones(format!("{p}.self_attn.k_norm.weight"), head_dim),
+            bf16(format!("{p}.mlp.gate.weight"), vec![experts, hidden]),
+        ];
+        for e in 0..experts {
+            mlp(
+                &mut t,
+                &format!("{p}.mlp.experts.{e}"),
+                moe_inter,
+                hidden,
+                ExpertFormat::Bf16,
+            );
+        }
+        shards.push(t);
+    }
+    write_shards(&args.out, &shards, args.seed)?;
+    let config = json!({
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": inter,
+        "moe_intermediate_size": moe_inter, "num_hidden_layers": args.layers,
+        "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim,
+        "num_experts": experts, "num_experts_per_tok": top_k, "norm_topk_prob": true,
+        "decoder_sparse_step": 1, "mlp_only_layers": [], "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 40960, "rope_theta": 1000000.0, "rope_scaling": null,
+        "use_sliding_window": false, "tie_word_embeddings": false,
+        "bos_token_id": 0, "eos_token_id": 1, "torch_dtype": "bfloat16",
+        "strata_synthetic": "random weights written by `strata synth`",
+    });
+    std::fs::write(
+        args.out.join("config.json"),
+        serde_json::to_string_pretty(&config)?,
+    )?;
+    std::fs::write(
+        args.out.join("generation_config.json"),
+        r#"{"bos_token_id": 0, "eos_token_id": 1}"#,
+    )?;
+    Ok(())
 }
 
 /// A K3-shaped checkpoint: the tensor list is the `kimi_k3` family's own inventory of the config,
