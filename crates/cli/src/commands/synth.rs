@@ -180,6 +180,53 @@ fn write_shard(path: &Path, tensors: &[Tensor], seed: u64) -> Result<()> {
 }
 
 /// A SwiGLU MLP's three projections under `base`.
+/// `out` created for a new checkpoint (refused when it holds one).
+fn create_out(out: &Path) -> Result<()> {
+    if out.join("config.json").exists() {
+        bail!("{} already holds a model", out.display());
+    }
+    Ok(std::fs::create_dir_all(out)?)
+}
+
+/// A BF16 tensor uniform in +-0.02 sqrt(3) (a standard deviation of 0.02).
+fn bf16(name: String, shape: Vec<usize>) -> Tensor {
+    Tensor {
+        name,
+        dtype: "BF16",
+        shape,
+        fill: Fill::Bf16(0.02 * 3f32.sqrt()),
+    }
+}
+
+/// A BF16 vector of ones (a norm's weight).
+fn ones(name: String, n: usize) -> Tensor {
+    Tensor {
+        name,
+        dtype: "BF16",
+        shape: vec![n],
+        fill: Fill::Ones,
+    }
+}
+
+/// The embedding, final norm and head.
+fn head_shard(vocab: usize, hidden: usize) -> Vec<Tensor> {
+    vec![
+        bf16("model.embed_tokens.weight".into(), vec![vocab, hidden]),
+        ones("model.norm.weight".into(), hidden),
+        bf16("lm_head.weight".into(), vec![vocab, hidden]),
+    ]
+}
+
+/// `config.json` and a `generation_config.json` naming tokens 0 and 1 BOS and EOS.
+fn write_config(out: &Path, config: &serde_json::Value) -> Result<()> {
+    std::fs::write(out.join("config.json"), serde_json::to_string_pretty(config)?)?;
+    std::fs::write(
+        out.join("generation_config.json"),
+        r#"{"bos_token_id": 0, "eos_token_id": 1}"#,
+    )?;
+    Ok(())
+}
+
 fn mlp(out: &mut Vec<Tensor>, base: &str, inter: usize, hidden: usize, format: ExpertFormat) {
     linear(out, &format!("{base}.gate_proj"), inter, hidden, format);
     linear(out, &format!("{base}.up_proj"), inter, hidden, format);
@@ -267,29 +314,9 @@ pub fn synth(args: SynthArgs) -> Result<()> {
     if experts < top_k || !experts.is_multiple_of(n_group) {
         bail!("--experts must be at least {top_k} and a multiple of {n_group}");
     }
-    if args.out.join("config.json").exists() {
-        bail!("{} already holds a model", args.out.display());
-    }
-    std::fs::create_dir_all(&args.out)?;
-    let a = 0.02 * 3f32.sqrt();
-    let bf16 = |name: String, shape: Vec<usize>| Tensor {
-        name,
-        dtype: "BF16",
-        shape,
-        fill: Fill::Bf16(a),
-    };
-    let ones = |name: String, n: usize| Tensor {
-        name,
-        dtype: "BF16",
-        shape: vec![n],
-        fill: Fill::Ones,
-    };
+    create_out(&args.out)?;
 
-    let mut shards: Vec<Vec<Tensor>> = vec![vec![
-        bf16("model.embed_tokens.weight".into(), vec![vocab, hidden]),
-        ones("model.norm.weight".into(), hidden),
-        bf16("lm_head.weight".into(), vec![vocab, hidden]),
-    ]];
+    let mut shards: Vec<Vec<Tensor>> = vec![head_shard(vocab, hidden)];
     for l in 0..args.layers {
         let p = format!("model.layers.{l}");
         let mut t = vec![
@@ -400,15 +427,7 @@ pub fn synth(args: SynthArgs) -> Result<()> {
         }
         ExpertFormat::Bf16 => {}
     }
-    std::fs::write(
-        args.out.join("config.json"),
-        serde_json::to_string_pretty(&config)?,
-    )?;
-    std::fs::write(
-        args.out.join("generation_config.json"),
-        r#"{"bos_token_id": 0, "eos_token_id": 1}"#,
-    )?;
-    Ok(())
+    write_config(&args.out, &config)
 }
 
 /// Writes `shards` as `model-NNNNN-of-NNNNN.safetensors` plus the index, with progress.
@@ -502,28 +521,8 @@ fn synth_qwen3_moe(args: &SynthArgs) -> Result<()> {
     if experts < top_k {
         bail!("--experts must be at least {top_k}");
     }
-    if args.out.join("config.json").exists() {
-        bail!("{} already holds a model", args.out.display());
-    }
-    std::fs::create_dir_all(&args.out)?;
-    let a = 0.02 * 3f32.sqrt();
-    let bf16 = |name: String, shape: Vec<usize>| Tensor {
-        name,
-        dtype: "BF16",
-        shape,
-        fill: Fill::Bf16(a),
-    };
-    let ones = |name: String, n: usize| Tensor {
-        name,
-        dtype: "BF16",
-        shape: vec![n],
-        fill: Fill::Ones,
-    };
-    let mut shards: Vec<Vec<Tensor>> = vec![vec![
-        bf16("model.embed_tokens.weight".into(), vec![vocab, hidden]),
-        ones("model.norm.weight".into(), hidden),
-        bf16("lm_head.weight".into(), vec![vocab, hidden]),
-    ]];
+    create_out(&args.out)?;
+    let mut shards: Vec<Vec<Tensor>> = vec![head_shard(vocab, hidden)];
     for l in 0..args.layers {
         let p = format!("model.layers.{l}");
         let mut t = vec![
@@ -574,15 +573,7 @@ fn synth_qwen3_moe(args: &SynthArgs) -> Result<()> {
         "bos_token_id": 0, "eos_token_id": 1, "torch_dtype": "bfloat16",
         "strata_synthetic": "random weights written by `strata synth`",
     });
-    std::fs::write(
-        args.out.join("config.json"),
-        serde_json::to_string_pretty(&config)?,
-    )?;
-    std::fs::write(
-        args.out.join("generation_config.json"),
-        r#"{"bos_token_id": 0, "eos_token_id": 1}"#,
-    )?;
-    Ok(())
+    write_config(&args.out, &config)
 }
 
 /// A K3-shaped checkpoint: the tensor list is the `kimi_k3` family's own inventory of the config,
