@@ -14,7 +14,8 @@ use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex};
 
 use strata_formats::Checkpoint;
-use strata_models::{Expert, ExpertLayout, ExpertStore};
+use strata_models::ExpertStore;
+use strata_weights::{Expert, ExpertLayout};
 
 use crate::direct::{AlignedBuf, DirectFile, IoMode};
 use strata_kernels::Owner;
@@ -475,7 +476,7 @@ impl Shared {
         let owner: Owner = owned.clone();
         // SAFETY: every piece lies in `owned`'s buffers, which nobody writes again until the
         // owner (held by each weight that views them) is dropped and returns them to the pool.
-        let expert = unsafe { Self::build(plan, &pieces, Some(&owner)) }?;
+        let expert = unsafe { Expert::build_in(&plan.specs, &pieces, Some(&owner)) }?;
         for m in [&expert.gate, &expert.up, &expert.down] {
             let counter = if m.data.is_borrowed() {
                 &self.stats.zero_copy_matrices
@@ -509,26 +510,6 @@ impl Shared {
         }
         self.inflight.lock().expect("in-flight lock").remove(&key);
         slot.complete(result);
-    }
-
-    /// An expert from its tensors' bytes (in plan order): views into them where `owner` holds
-    /// them and the format allows, copies otherwise.
-    ///
-    /// # Safety
-    /// As [`strata_models::LinearSpec::build_in`].
-    unsafe fn build(plan: &ExpertPlan, pieces: &[&[u8]], owner: Option<&Owner>) -> Result<Expert, BoxError> {
-        let mut next = 0;
-        let mut build = |spec: &strata_models::LinearSpec| -> Result<strata_kernels::Linear, BoxError> {
-            let refs = &pieces[next..next + spec.tensors.len()];
-            next += spec.tensors.len();
-            // SAFETY: the caller's contract.
-            Ok(unsafe { spec.build_in(refs, owner) }?)
-        };
-        Ok(Expert {
-            gate: build(&plan.specs[0])?,
-            up: build(&plan.specs[1])?,
-            down: build(&plan.specs[2])?,
-        })
     }
 
     fn insert(&self, key: Key, expert: Arc<Expert>) {

@@ -2,7 +2,7 @@
 //! and those tensors grouped into the fewest contiguous reads per shard.
 
 use strata_formats::Checkpoint;
-use strata_models::{resolve_linear, ExpertLayout, LinearSpec};
+use strata_weights::{resolve_linear, ExpertLayout, LinearSpec};
 
 /// Tensors separated by less than this are read together (one request beats two seeks).
 const COALESCE_GAP: u64 = 64 << 10;
@@ -34,7 +34,7 @@ impl ExpertPlan {
         layout: &ExpertLayout,
         layer: usize,
         expert: usize,
-    ) -> strata_models::Result<ExpertPlan> {
+    ) -> strata_formats::Result<ExpertPlan> {
         let [g, u, d] = layout.shapes();
         let specs = [
             resolve_linear(ckpt, &layout.tensor_base(layer, expert, 0), g.0, g.1)?,

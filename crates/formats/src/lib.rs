@@ -5,6 +5,7 @@
 
 mod checkpoint;
 mod config;
+mod dry;
 mod dtype;
 mod error;
 mod quant;
@@ -15,6 +16,7 @@ pub use checkpoint::{
     SINGLE_FILE,
 };
 pub use config::{GenerationConfig, JsonConfig};
+pub use dry::DryView;
 pub use dtype::DType;
 pub use error::FormatError;
 pub use quant::QuantizationConfig;

@@ -8,6 +8,8 @@
 //! H query heads, Hkv key/value heads, Dh head dim, E routed experts, K active experts, F expert
 //! intermediate dim, V vocab, P cached positions of one sequence.
 
+#![forbid(unsafe_code)]
+
 mod cache;
 mod decoder;
 mod error;
@@ -18,7 +20,8 @@ mod registry;
 mod spine;
 mod store;
 mod trace;
-mod weights;
+/// Weights are resolved and built by `strata_weights` (families name them `crate::weights::...`).
+use strata_weights as weights;
 
 mod deepseek_v3;
 mod kimi_k3;
@@ -33,8 +36,8 @@ pub use info::{ModelInfo, TensorSummary};
 pub use registry::{family_for, load_model, ConfigSummary, Family, StoreFactory, TensorDesc, FAMILIES};
 pub use spine::{layer_of, BlockBuilder, Layer, LayerFactory, LayerStore, Loading, StreamedLayer};
 pub use store::{Expert, ExpertLayout, ExpertStore};
+pub use strata_weights::{load_linear, load_vector, resolve_linear, LinearFormat, LinearSpec};
 pub use trace::{RoutingRecord, Trace};
-pub use weights::{load_linear, load_vector, resolve_linear, LinearFormat, LinearSpec};
 
 pub type Result<T, E = ModelError> = std::result::Result<T, E>;
 

@@ -10,10 +10,10 @@
 //! store later reads exactly those. At run time the store builds the block again from a view
 //! whose recorded tensors are served from its read buffers (weights view them, no copy).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
-use strata_formats::{BytesOwner, Checkpoint, Preloaded};
+use strata_formats::{BytesOwner, Checkpoint, DryView};
 
 use crate::decoder::{Attention, Block};
 use crate::{LayerState, Result, StoreFactory};
@@ -111,7 +111,7 @@ pub(crate) fn build_layers(
     for l in 0..n_layers {
         let _span = tracing::debug_span!("build layer", l).entered();
         if loading.streamed.contains(&l) {
-            let dry = Arc::new(Dry::new(ckpt, by_layer.remove(&l).unwrap_or_default()));
+            let dry = Arc::new(DryView::new(ckpt, by_layer.remove(&l).unwrap_or_default()));
             let owner: BytesOwner = dry.clone();
             let block = builder(&ckpt.with_preloaded(dry.clone(), owner), l)?;
             states.push(state_of(&block));
@@ -141,63 +141,4 @@ pub(crate) fn build_layers(
         states,
         store,
     })
-}
-
-/// Tensors at most this large are read for real in a dry build (norms, biases, shape tensors:
-/// their values may be checked); larger ones read as zeros.
-const DRY_REAL_BYTES: u64 = 64 << 10;
-
-/// A small tensor's bytes, read on first use (`None`: the read failed).
-type SmallBytes = OnceLock<Option<Vec<u8>>>;
-
-/// A dry view's bytes: small tensors as they are on disk (read when first asked), large ones as
-/// zeros from one untouched zeroed allocation (no memory until read), and a record of every
-/// tensor asked for.
-struct Dry {
-    /// name -> (length, its bytes once read: small tensors only)
-    tensors: HashMap<String, (u64, SmallBytes)>,
-    ckpt: Checkpoint,
-    zeros: Vec<u8>,
-    asked: Mutex<BTreeSet<String>>,
-}
-
-impl Dry {
-    fn new(ckpt: &Checkpoint, names: Vec<String>) -> Dry {
-        let mut largest = 0;
-        let tensors = names
-            .into_iter()
-            .filter_map(|n| {
-                let len = ckpt.entry(&n).ok()?.info.len;
-                if len > DRY_REAL_BYTES {
-                    largest = largest.max(len as usize);
-                }
-                Some((n, (len, OnceLock::new())))
-            })
-            .collect();
-        Dry {
-            tensors,
-            ckpt: ckpt.clone(),
-            // calloc: pages of a large zeroed allocation are only mapped when touched.
-            zeros: vec![0u8; largest],
-            asked: Mutex::new(BTreeSet::new()),
-        }
-    }
-
-    fn asked(&self) -> Vec<String> {
-        self.asked.lock().expect("dry lock").iter().cloned().collect()
-    }
-}
-
-// SAFETY: the bytes live in `self` (never changed after they are first set), which the owner
-// passed with them keeps alive.
-unsafe impl Preloaded for Dry {
-    fn bytes(&self, name: &str) -> Option<&[u8]> {
-        let (len, real) = self.tensors.get(name)?;
-        self.asked.lock().expect("dry lock").insert(name.to_string());
-        if *len > DRY_REAL_BYTES {
-            return Some(&self.zeros[..*len as usize]);
-        }
-        // A failed read serves nothing: the caller then reads the file and reports the error.
-        real.get_or_init(|| self.ckpt.read_bytes(name).ok()).as_deref()
-    }
 }

@@ -3,7 +3,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use strata_models::Expert;
+use strata_weights::Expert;
 
 use super::{BoxError, Shared};
 

@@ -42,9 +42,8 @@ impl Mlp {
     }
 }
 
-impl Expert {
-    /// The activation is the model's (the store hands over weights only).
-    pub fn forward(&self, x: &[f32], n_tokens: usize, act: Activation) -> Vec<f32> {
-        glu_mlp(&self.gate, &self.up, &self.down, act, x, n_tokens)
-    }
+/// X (T, D) -> (T, D) through a routed expert; the activation is the model's (the store hands
+/// over weights only).
+pub fn expert_forward(expert: &Expert, x: &[f32], n_tokens: usize, act: Activation) -> Vec<f32> {
+    glu_mlp(&expert.gate, &expert.up, &expert.down, act, x, n_tokens)
 }

@@ -223,7 +223,7 @@ impl MoeLayer {
                 for &(t, _) in tokens {
                     xe.extend_from_slice(&xr[t * d..(t + 1) * d]);
                 }
-                let ye = expert.forward(&xe, tokens.len(), self.act); // (n_e, D)
+                let ye = super::mlp::expert_forward(&expert, &xe, tokens.len(), self.act); // (n_e, D)
                 for (j, &(t, w)) in tokens.iter().enumerate() {
                     let y: Vec<f32> = ye[j * d..(j + 1) * d].iter().map(|v| v * w).collect();
                     contributions[t].push((ids[i], y));

@@ -16,7 +16,7 @@
 use strata_formats::{bytes_to_f32, Checkpoint, DType, FormatError};
 use strata_kernels::{u16_vec_from_bytes, Linear, Owner, Pod, Storage, WeightData};
 
-use crate::Result;
+type Result<T, E = FormatError> = std::result::Result<T, E>;
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum LinearFormat {
@@ -46,7 +46,7 @@ pub struct LinearSpec {
     pub tensors: Vec<String>,
 }
 
-fn bad(ckpt: &Checkpoint, name: &str, reason: String) -> crate::ModelError {
+fn bad(ckpt: &Checkpoint, name: &str, reason: String) -> FormatError {
     let path = ckpt
         .entry(name)
         .map(|e| ckpt.shard_path(e.shard).to_path_buf())
@@ -56,7 +56,6 @@ fn bad(ckpt: &Checkpoint, name: &str, reason: String) -> crate::ModelError {
         tensor: name.to_string(),
         reason,
     }
-    .into()
 }
 
 fn u16s(b: &[u8]) -> Vec<u16> {
@@ -129,8 +128,7 @@ pub fn resolve_linear(ckpt: &Checkpoint, base: &str, out_dim: usize, in_dim: usi
         return Err(FormatError::MissingTensor {
             dir: ckpt.dir().to_path_buf(),
             tensor: weight,
-        }
-        .into());
+        });
     }
     let scale = format!("{base}.weight_scale");
     if !ckpt.contains(&scale) {
@@ -346,5 +344,5 @@ fn load_native(ckpt: &Checkpoint, spec: &LinearSpec) -> Result<Linear> {
 
 /// A one-dimensional f32 parameter (norm weights, biases).
 pub fn load_vector(ckpt: &Checkpoint, name: &str, len: usize) -> Result<Vec<f32>> {
-    Ok(ckpt.read_f32(name, &[len])?)
+    ckpt.read_f32(name, &[len])
 }

@@ -1,0 +1,12 @@
+//! Weights from checkpoint bytes, with the formats they are stored in: a linear layer resolved
+//! against a checkpoint (names, shapes, dtypes, all checked at load) and built from its tensors'
+//! bytes, as a copy or as a view of the buffers they were read into; a routed expert built the
+//! same way; the INT8 conversion of the resident spine. The unsafe part of holding weights in
+//! read buffers (views kept alive by their owner) lives here and in `kernels`, so model code
+//! needs none, and the stores that read bytes need nothing of the models.
+
+mod expert;
+mod linear;
+
+pub use expert::{Expert, ExpertLayout};
+pub use linear::{load_linear, load_vector, resolve_linear, LinearFormat, LinearSpec};
