@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 use strata_formats::{BytesOwner, Checkpoint, Preloaded};
 use strata_models::{Block, BlockBuilder, LayerStore, StreamedLayer};
@@ -137,18 +137,25 @@ impl Drop for LayerBytes {
     }
 }
 
-struct Shared {
-    ckpt: Checkpoint,
-    files: Vec<DirectFile>,
+/// The streamed layers, handed over by the model's load.
+struct Streamed {
     plans: BTreeMap<usize, LayerPlan>,
     /// Streamed layers in model order.
     order: Vec<usize>,
     builder: BlockBuilder,
+    arenas: Arc<Arenas>,
+}
+
+struct Shared {
+    ckpt: Checkpoint,
+    files: Vec<DirectFile>,
+    /// `--io mmap`: each layer paged in when needed, by one thread, nothing read ahead.
+    mapped: bool,
+    streamed: OnceLock<Streamed>,
     ahead: usize,
     /// Layers read or in flight.
     slots: Mutex<HashMap<usize, Arc<LayerRead>>>,
     jobs: Jobs<(Arc<LayerRead>, usize)>,
-    arenas: Arc<Arenas>,
     stats: Arc<StoreStats>,
 }
 
@@ -158,52 +165,16 @@ pub struct SpineStore {
 }
 
 impl SpineStore {
-    /// Resolves the reads of every streamed layer and starts the readers. Reads count in
-    /// `stats` (with the experts' when the store is shared).
+    /// Opens the checkpoint's shards for the reads of streamed layers and starts the readers;
+    /// the layers come from the model's load ([`LayerStore::stream`]). Reads count in `stats`
+    /// (with the experts' when the store is shared).
     pub fn open(
         ckpt: Checkpoint,
-        layers: Vec<StreamedLayer>,
-        builder: BlockBuilder,
         io: IoMode,
         ahead: usize,
         stats: Arc<StoreStats>,
     ) -> strata_models::Result<SpineStore> {
         let mapped = io == IoMode::Mmap;
-        let mut plans = BTreeMap::new();
-        for l in &layers {
-            let mut located = Vec::with_capacity(l.tensors.len());
-            for (i, name) in l.tensors.iter().enumerate() {
-                let e = ckpt.entry(name)?;
-                located.push((e.shard, e.info.offset, e.info.len, i));
-            }
-            let runs = coalesce(located, MAX_RUN);
-            let mut places = Vec::with_capacity(runs.len());
-            let mut skips = Vec::with_capacity(runs.len());
-            let mut pieces = HashMap::with_capacity(l.tensors.len());
-            let mut end = 0;
-            for r in &runs {
-                places.push(end);
-                // Where the range starts in its span: a mapping copies it to the span's start, a
-                // direct read lands the aligned block around it.
-                let skip = if mapped { 0 } else { DirectFile::skip(r.offset) };
-                skips.push(skip);
-                for &(t, off, len) in &r.pieces {
-                    pieces.insert(l.tensors[t].clone(), (end + skip + off as usize, len as usize));
-                }
-                end += DirectFile::span(r.offset, r.len as usize);
-            }
-            plans.insert(
-                l.layer,
-                LayerPlan {
-                    runs,
-                    places,
-                    skips,
-                    pieces: Arc::new(pieces),
-                    arena_bytes: end,
-                },
-            );
-        }
-        let arena_len = plans.values().map(|p| p.arena_bytes).max().unwrap_or(0);
         // `--io mmap` is the baseline of an engine computing on a mapping: each layer is paged in
         // when it is needed, by one thread, nothing read ahead.
         let (mode, ahead, threads) = if mapped {
@@ -224,16 +195,11 @@ impl SpineStore {
         let shared = Arc::new(Shared {
             ckpt,
             files,
-            order: plans.keys().copied().collect(),
-            plans,
-            builder,
+            mapped,
+            streamed: OnceLock::new(),
             ahead,
             slots: Mutex::new(HashMap::new()),
             jobs: Jobs::new(),
-            arenas: Arc::new(Arenas {
-                free: Mutex::new(Vec::new()),
-                len: arena_len,
-            }),
             stats,
         });
         let workers = {
@@ -256,8 +222,52 @@ impl SpineStore {
 
     /// The streamed layers, in model order.
     pub fn layers(&self) -> &[usize] {
-        &self.shared.order
+        self.shared.streamed.get().map_or(&[], |s| &s.order)
     }
+}
+
+/// Each streamed layer's reads: its tensors grouped into the fewest contiguous runs (at most
+/// [`MAX_RUN`] each) and a place for each in one arena.
+fn plan_layers(
+    ckpt: &Checkpoint,
+    layers: &[StreamedLayer],
+    mapped: bool,
+) -> strata_models::Result<BTreeMap<usize, LayerPlan>> {
+    let mut plans = BTreeMap::new();
+    for l in layers {
+        let mut located = Vec::with_capacity(l.tensors.len());
+        for (i, name) in l.tensors.iter().enumerate() {
+            let e = ckpt.entry(name)?;
+            located.push((e.shard, e.info.offset, e.info.len, i));
+        }
+        let runs = coalesce(located, MAX_RUN);
+        let mut places = Vec::with_capacity(runs.len());
+        let mut skips = Vec::with_capacity(runs.len());
+        let mut pieces = HashMap::with_capacity(l.tensors.len());
+        let mut end = 0;
+        for r in &runs {
+            places.push(end);
+            // Where the range starts in its span: a mapping copies it to the span's start, a
+            // direct read lands the aligned block around it.
+            let skip = if mapped { 0 } else { DirectFile::skip(r.offset) };
+            skips.push(skip);
+            for &(t, off, len) in &r.pieces {
+                pieces.insert(l.tensors[t].clone(), (end + skip + off as usize, len as usize));
+            }
+            end += DirectFile::span(r.offset, r.len as usize);
+        }
+        plans.insert(
+            l.layer,
+            LayerPlan {
+                runs,
+                places,
+                skips,
+                pieces: Arc::new(pieces),
+                arena_bytes: end,
+            },
+        );
+    }
+    Ok(plans)
 }
 
 impl Drop for SpineStore {
@@ -283,8 +293,14 @@ impl Shared {
         }
     }
 
+    fn streamed(&self) -> &Streamed {
+        self.streamed
+            .get()
+            .expect("reads are queued only for streamed layers")
+    }
+
     fn read_run(&self, read: &LayerRead, i: usize) -> Result<(), String> {
-        let run = &self.plans[&read.layer].runs[i];
+        let run = &self.streamed().plans[&read.layer].runs[i];
         let file = &self.files[run.shard];
         let what = || {
             format!(
@@ -298,7 +314,7 @@ impl Shared {
         self.ckpt
             .ensure(run.shard, run.offset, run.len)
             .map_err(|e| format!("{}: {e}", what()))?;
-        let plan = &self.plans[&read.layer];
+        let plan = &self.streamed().plans[&read.layer];
         let span = DirectFile::span(run.offset, run.len as usize);
         // SAFETY: the run's span lies inside the arena (sized for the largest layer's spans) and
         // no other run's span overlaps it; the arena lives in `read` until every run has landed.
@@ -321,16 +337,17 @@ impl Shared {
 
     /// The block of a layer whose reads have all landed.
     fn assemble(&self, read: &LayerRead) -> Result<Arc<Block>, String> {
-        let plan = &self.plans[&read.layer];
+        let streamed = self.streamed();
+        let plan = &streamed.plans[&read.layer];
         let arena = read.arena.lock().expect("layer lock").take();
         let bytes = Arc::new(LayerBytes {
             arena,
             pieces: plan.pieces.clone(),
-            arenas: self.arenas.clone(),
+            arenas: streamed.arenas.clone(),
         });
         let owner: BytesOwner = bytes.clone();
         let view = self.ckpt.with_preloaded(bytes, owner);
-        let block = (self.builder)(&view, read.layer).map_err(|e| e.to_string())?;
+        let block = (streamed.builder)(&view, read.layer).map_err(|e| e.to_string())?;
         self.stats.spine_layers.fetch_add(1, Ordering::Relaxed);
         Ok(Arc::new(block))
     }
@@ -345,8 +362,8 @@ impl Shared {
         if let Some(r) = slots.get(&layer) {
             return r.clone();
         }
-        let n = self.plans[&layer].runs.len();
-        let mut arena = self.arenas.take();
+        let n = self.streamed().plans[&layer].runs.len();
+        let mut arena = self.streamed().arenas.take();
         let read = Arc::new(LayerRead {
             layer,
             base: ArenaPtr(arena.buf.as_mut_ptr()),
@@ -367,14 +384,38 @@ impl Shared {
 }
 
 impl LayerStore for SpineStore {
+    fn stream(&self, layers: Vec<StreamedLayer>, builder: BlockBuilder) -> strata_models::Result<()> {
+        let s = &self.shared;
+        let plans = plan_layers(&s.ckpt, &layers, s.mapped)?;
+        let arena_len = plans.values().map(|p| p.arena_bytes).max().unwrap_or(0);
+        let streamed = Streamed {
+            order: plans.keys().copied().collect(),
+            plans,
+            builder,
+            arenas: Arc::new(Arenas {
+                free: Mutex::new(Vec::new()),
+                len: arena_len,
+            }),
+        };
+        s.streamed
+            .set(streamed)
+            .map_err(|_| strata_models::ModelError::Spine {
+                layer: layers.first().map_or(0, |l| l.layer),
+                cause: "the streamed layers were handed over twice".into(),
+            })
+    }
+
     fn get(&self, layer: usize) -> Result<Arc<Block>, BoxError> {
         let s = &self.shared;
-        let Some(pos) = s.order.iter().position(|&l| l == layer) else {
+        let Some(order) = s.streamed.get().map(|st| &st.order) else {
+            return Err(format!("layer {layer} is not a streamed layer (none are)").into());
+        };
+        let Some(pos) = order.iter().position(|&l| l == layer) else {
             return Err(format!("layer {layer} is not a streamed layer").into());
         };
         let read = {
-            let wanted: Vec<usize> = (0..=s.ahead.min(s.order.len() - 1))
-                .map(|i| s.order[(pos + i) % s.order.len()])
+            let wanted: Vec<usize> = (0..=s.ahead.min(order.len() - 1))
+                .map(|i| order[(pos + i) % order.len()])
                 .collect();
             let mut slots = s.slots.lock().expect("slots lock");
             // Let go first: the arenas of layers no longer wanted serve the new reads.

@@ -133,10 +133,10 @@ pub fn summary(cfg: &JsonConfig) -> Result<ConfigSummary> {
     })
 }
 
-pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, loading: &Loading<'_>) -> Result<Box<dyn Model>> {
+pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, loading: &Loading) -> Result<Box<dyn Model>> {
     let c = Config::read(cfg)?;
     let layout = expert_layout(cfg)?;
-    let store = (loading.experts)(&layout)?;
+    let store = loading.experts.clone();
     let rope = Rope::from_config(cfg, c.rope, 10000.0, RopeStyle::Interleaved)?;
     let qk = c.nope + c.rope;
     let mut softmax_scale = (qk as f64).powf(-0.5);

@@ -47,7 +47,7 @@ pub fn inventory(root: &JsonConfig) -> Result<Vec<TensorDesc>> {
     Ok(read(root)?.inventory(&K3_NAMES, mxfp4))
 }
 
-pub fn load(root: &JsonConfig, ckpt: &Checkpoint, loading: &Loading<'_>) -> Result<Box<dyn Model>> {
+pub fn load(root: &JsonConfig, ckpt: &Checkpoint, loading: &Loading) -> Result<Box<dyn Model>> {
     let c = read(root)?;
     let info = k3_model_info(root, &c)?;
     load_hybrid(c, &K3_NAMES, info, ckpt, loading)

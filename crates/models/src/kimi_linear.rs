@@ -588,10 +588,10 @@ pub(crate) fn load_hybrid(
     names: &'static Names,
     info: ModelInfo,
     ckpt: &Checkpoint,
-    loading: &Loading<'_>,
+    loading: &Loading,
 ) -> Result<Box<dyn Model>> {
     let layout = c.expert_layout(names);
-    let store = (loading.experts)(&layout)?;
+    let store = loading.experts.clone();
     let d = c.hidden;
     let c = Arc::new(c);
     let builder: BlockBuilder = {
@@ -733,7 +733,7 @@ pub fn inventory(cfg: &JsonConfig) -> Result<Vec<TensorDesc>> {
     Ok(Config::read(cfg, None, false)?.inventory(&KIMI_LINEAR_NAMES, false))
 }
 
-pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, loading: &Loading<'_>) -> Result<Box<dyn Model>> {
+pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, loading: &Loading) -> Result<Box<dyn Model>> {
     let c = Config::read(cfg, None, false)?;
     let info = model_info(cfg, &c, "kimi_linear", "KimiLinearForCausalLM")?;
     load_hybrid(c, &KIMI_LINEAR_NAMES, info, ckpt, loading)

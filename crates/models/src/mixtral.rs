@@ -80,10 +80,10 @@ pub fn summary(cfg: &JsonConfig) -> Result<ConfigSummary> {
     })
 }
 
-pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, loading: &Loading<'_>) -> Result<Box<dyn Model>> {
+pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, loading: &Loading) -> Result<Box<dyn Model>> {
     let c = Config::read(cfg)?;
     let layout = expert_layout(cfg)?;
-    let store = (loading.experts)(&layout)?;
+    let store = loading.experts.clone();
     let rope = Rope::from_config(cfg, c.head_dim, 1e6, RopeStyle::NeoX)?;
     let c = Arc::new(c);
     let builder: BlockBuilder = {

@@ -1,17 +1,12 @@
 //! Architecture registry: one row per family, keyed by the HF `model_type` and `architectures`.
 //! Adding an architecture = one family file + one row here.
 
-use std::sync::Arc;
-
 use strata_formats::{Checkpoint, JsonConfig};
 use strata_kernels::Linear;
 
 use crate::spine::Loading;
 use crate::weights::{load_linear, load_vector};
-use crate::{ExpertLayout, ExpertStore, Model, ModelError, Result};
-
-/// Builds the expert store for a family's layout (the runtime decides which store).
-pub type StoreFactory<'a> = &'a dyn Fn(&ExpertLayout) -> Result<Arc<dyn ExpertStore>>;
+use crate::{ExpertLayout, Model, ModelError, Result};
 
 /// Lists a config's tensors without reading any weights.
 pub type InventoryFn = fn(&JsonConfig) -> Result<Vec<TensorDesc>>;
@@ -27,7 +22,7 @@ pub struct Family {
     /// Every tensor a checkpoint of this config holds, from config alone (`strata inspect
     /// --config-only`), where the family can say.
     pub inventory: Option<InventoryFn>,
-    pub load: fn(&JsonConfig, &Checkpoint, &Loading<'_>) -> Result<Box<dyn Model>>,
+    pub load: fn(&JsonConfig, &Checkpoint, &Loading) -> Result<Box<dyn Model>>,
 }
 
 pub static FAMILIES: &[Family] = &[
@@ -118,7 +113,7 @@ pub fn family_for(cfg: &JsonConfig) -> Result<&'static Family> {
         })
 }
 
-pub fn load_model(cfg: &JsonConfig, ckpt: &Checkpoint, loading: &Loading<'_>) -> Result<Box<dyn Model>> {
+pub fn load_model(cfg: &JsonConfig, ckpt: &Checkpoint, loading: &Loading) -> Result<Box<dyn Model>> {
     let family = family_for(cfg)?;
     (family.load)(cfg, ckpt, loading)
 }

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use strata_formats::{BytesOwner, Checkpoint, DryView};
 
 use crate::decoder::{Attention, Block};
-use crate::{LayerState, Result, StoreFactory};
+use crate::{ExpertStore, LayerState, Result};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -31,8 +31,13 @@ pub struct StreamedLayer {
     pub tensors: Vec<String>,
 }
 
-/// Where streamed layers come from (the runtime's disk reader).
+/// Where streamed layers come from (the runtime's disk reader), built before the model: the
+/// model hands it the layers to stream and how to build their blocks once it has checked them.
 pub trait LayerStore: Send + Sync {
+    /// Takes the streamed layers (as their dry builds recorded them) and the family's builder;
+    /// resolves their reads. Called once, by the model's load.
+    fn stream(&self, layers: Vec<StreamedLayer>, builder: BlockBuilder) -> Result<()>;
+
     /// Block `layer`, read and built (waiting for its read if needed). The store reads the next
     /// streamed layers ahead meanwhile.
     fn get(&self, layer: usize) -> std::result::Result<Arc<Block>, BoxError>;
@@ -41,18 +46,15 @@ pub trait LayerStore: Send + Sync {
     fn ready(&self, layer: usize) -> Option<Arc<Block>>;
 }
 
-/// Builds the store of the streamed layers, given them and the family's block builder.
-pub type LayerFactory<'a> =
-    &'a dyn Fn(Vec<StreamedLayer>, Checkpoint, BlockBuilder) -> Result<Arc<dyn LayerStore>>;
-
-/// How a family's load gets what it does not build itself.
-pub struct Loading<'a> {
-    /// The routed-expert store for the family's layout.
-    pub experts: StoreFactory<'a>,
+/// How a family's load gets what it does not build itself: the stores, built from the config
+/// before the model.
+pub struct Loading {
+    /// The routed-expert store (for the family's `expert_layout`).
+    pub experts: Arc<dyn ExpertStore>,
     /// Decoder layers to stream instead of keeping resident.
     pub streamed: BTreeSet<usize>,
     /// The store of streamed layers (required when `streamed` is not empty).
-    pub layers: Option<LayerFactory<'a>>,
+    pub layers: Option<Arc<dyn LayerStore>>,
 }
 
 /// A decoder layer, held or streamed (one per layer, so the size difference does not matter).
@@ -94,7 +96,7 @@ pub(crate) fn state_of(block: &Block) -> LayerState {
 pub(crate) fn build_layers(
     ckpt: &Checkpoint,
     n_layers: usize,
-    loading: &Loading<'_>,
+    loading: &Loading,
     builder: BlockBuilder,
 ) -> Result<Layers> {
     let mut by_layer: BTreeMap<usize, Vec<String>> = BTreeMap::new();
@@ -130,11 +132,12 @@ pub(crate) fn build_layers(
     let store = if streamed.is_empty() {
         None
     } else {
-        let factory = loading.layers.ok_or_else(|| crate::ModelError::Spine {
+        let store = loading.layers.clone().ok_or_else(|| crate::ModelError::Spine {
             layer: streamed[0].layer,
             cause: "no layer store to stream it from".into(),
         })?;
-        Some(factory(streamed, ckpt.clone(), builder)?)
+        store.stream(streamed, builder)?;
+        Some(store)
     };
     Ok(Layers {
         layers,

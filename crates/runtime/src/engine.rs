@@ -6,10 +6,7 @@ use std::sync::Arc;
 
 use strata_experts::{CachedStore, SpineStore};
 use strata_formats::{Checkpoint, GenerationConfig, JsonConfig, QuantizationConfig};
-use strata_models::{
-    family_for, load_model, BlockBuilder, ExpertLayout, ExpertStore, KvCache, LayerStore, Loading, Model,
-    SeqInput, StreamedLayer, Trace,
-};
+use strata_models::{family_for, load_model, KvCache, LayerStore, Loading, Model, SeqInput, Trace};
 use strata_tokenizer::Tokenizer;
 
 use crate::int8_spine::Int8Sidecar;
@@ -187,7 +184,8 @@ impl Engine {
         let ckpt = Checkpoint::open(dir)?
             .with_quantization(QuantizationConfig::from_config(&cfg.text_config()?)?)
             .with_source(source);
-        let memory = MemoryPlan::new(&ModelPlan::from_dir(dir)?, options)?;
+        let plan = ModelPlan::from_dir(dir)?;
+        let memory = MemoryPlan::new(&plan, options)?;
         let int8 = (options.spine_format == crate::SpineFormat::Int8).then(|| {
             Arc::new(Int8Sidecar::open(
                 options.cache_dir.as_deref(),
@@ -196,46 +194,38 @@ impl Engine {
             ))
         });
         let ckpt = ckpt.with_int8_spine(int8.clone().map(|s| s as Arc<dyn strata_formats::Int8Spine>));
-        let budget = memory.expert_cache;
-        let store_slot: std::cell::RefCell<Option<Arc<CachedStore>>> = Default::default();
-        let factory = |layout: &ExpertLayout| -> strata_models::Result<Arc<dyn ExpertStore>> {
-            let cache = strata_experts::CacheOptions {
-                budget,
-                kept_buffers: memory.in_flight,
-                prefetch: options.prefetch,
-                io: options.io,
-                eviction: options.eviction,
-                fault_in: options.fault_in,
-            };
-            let store = Arc::new(CachedStore::open(&ckpt, layout, cache)?);
-            *store_slot.borrow_mut() = Some(store.clone());
-            Ok(store)
-        };
-        let spine_slot: std::cell::RefCell<Option<Arc<SpineStore>>> = Default::default();
-        let layers = |streamed: Vec<StreamedLayer>,
-                      ckpt: Checkpoint,
-                      builder: BlockBuilder|
-         -> strata_models::Result<Arc<dyn LayerStore>> {
-            // Streamed layers' reads count with the experts' (one disk, one set of figures).
-            let stats = (store_slot.borrow().as_ref()).map_or_else(Default::default, |s| s.stats.clone());
-            let io = options.io;
-            let ahead = memory.spine_ahead;
-            let store = Arc::new(SpineStore::open(ckpt, streamed, builder, io, ahead, stats)?);
-            *spine_slot.borrow_mut() = Some(store.clone());
-            Ok(store)
-        };
         if ckpt.source().is_some() {
             fetch_resident(&cfg, &ckpt)?;
         }
+        // The stores first, from the config; the model gets them.
+        let cache = strata_experts::CacheOptions {
+            budget: memory.expert_cache,
+            kept_buffers: memory.in_flight,
+            prefetch: options.prefetch,
+            io: options.io,
+            eviction: options.eviction,
+            fault_in: options.fault_in,
+        };
+        let experts = Arc::new(CachedStore::open(&ckpt, &plan.layout, cache)?);
+        let spine = if memory.streamed.is_empty() {
+            None
+        } else {
+            // Streamed layers' reads count with the experts' (one disk, one set of figures).
+            let stats = experts.stats.clone();
+            Some(Arc::new(SpineStore::open(
+                ckpt.clone(),
+                options.io,
+                memory.spine_ahead,
+                stats,
+            )?))
+        };
         let loading = Loading {
-            experts: &factory,
+            experts: experts.clone(),
             streamed: memory.streamed.iter().copied().collect(),
-            layers: Some(&layers),
+            layers: spine.clone().map(|s| s as Arc<dyn LayerStore>),
         };
         let model = load_model(&cfg, &ckpt, &loading)?;
-        if let Some(store) = store_slot.borrow().as_ref() {
-            finish_warming(store);
-        }
+        finish_warming(&experts);
         if let Some(sidecar) = &int8 {
             sidecar.finish();
         }
@@ -262,8 +252,8 @@ impl Engine {
             model,
             tokenizer,
             generation,
-            experts: store_slot.into_inner(),
-            spine: spine_slot.into_inner(),
+            experts: Some(experts),
+            spine,
             memory,
             masked_ids,
             faults: crate::Faults::from_env(),
