@@ -20,8 +20,9 @@ use strata_weights::{Expert, ExpertLayout};
 use crate::direct::{AlignedBuf, DirectFile, IoMode};
 use strata_kernels::Owner;
 
-use crate::jobs::{spawn_readers, stop_readers, Jobs};
+use crate::jobs::{stop_readers, Jobs};
 use crate::plan::ExpertPlan;
+use crate::readers::{Readers, Task};
 
 mod demand;
 mod pool;
@@ -133,6 +134,10 @@ struct Shared {
     budget: usize,
     lru: Mutex<Lru>,
     inflight: Mutex<HashMap<Key, Arc<InFlight>>>,
+    /// The model's reader pool (held weakly: a read task holding this store must never hold
+    /// the last reference to the pool it runs on).
+    readers: std::sync::Weak<Readers>,
+    /// `--io uring`: the reads for the io_uring thread.
     jobs: Jobs<(Key, Arc<InFlight>)>,
     /// The latest prediction per layer, consumed by that layer's `get`.
     predictions: Mutex<HashMap<usize, HashSet<usize>>>,
@@ -141,6 +146,8 @@ struct Shared {
     /// `--io mmap`: misses are read through the mapping on the threads that need them, with
     /// nothing read ahead or overlapped (what an engine computing on a mapping gets).
     demand_paging: bool,
+    /// `--io uring`: reads go to the store's io_uring thread.
+    uring: bool,
     eviction: Eviction,
     /// layer -> (hits, misses)
     layer_stats: Mutex<BTreeMap<usize, (u64, u64)>>,
@@ -149,7 +156,10 @@ struct Shared {
 
 pub struct CachedStore {
     shared: Arc<Shared>,
+    /// The io_uring thread (`--io uring`); otherwise reads run on `readers`.
     workers: Vec<std::thread::JoinHandle<()>>,
+    /// Keeps the reader pool alive while the store may queue reads on it.
+    _readers: Arc<Readers>,
     /// Faults in read buffers ahead of the reads (none with `--io mmap`).
     warmer: Option<pool::Warmer>,
     /// The store's counters (streamed layers' reads count here too).
@@ -185,11 +195,13 @@ pub struct CacheOptions {
 
 impl CachedStore {
     /// Resolves every expert of `layout` (all checks happen now, not mid-generation), opens the
-    /// shards for direct reads, starts the reader pool and (`FaultIn::AtLoad`) the warmer.
+    /// shards for direct reads and starts (`FaultIn::AtLoad`) the warmer; reads run on `readers`
+    /// (or, `--io uring`, one io_uring thread of the store's own).
     pub fn open(
         ckpt: &Checkpoint,
         layout: &ExpertLayout,
         options: CacheOptions,
+        readers: &Arc<Readers>,
     ) -> strata_models::Result<CachedStore> {
         let CacheOptions {
             budget,
@@ -245,11 +257,13 @@ impl CachedStore {
             budget,
             lru: Mutex::new(Lru::default()),
             inflight: Mutex::new(HashMap::new()),
+            readers: Arc::downgrade(readers),
             jobs: Jobs::new(),
             predictions: Mutex::new(HashMap::new()),
             pool: Arc::new(BufferPool::new(warm_bytes.max(kept_buffers.max(1) * largest))),
             prefetch: prefetch && io != IoMode::Mmap,
             demand_paging: io == IoMode::Mmap,
+            uring: io == IoMode::Uring,
             eviction,
             layer_stats: Mutex::new(BTreeMap::new()),
             stats: Arc::default(),
@@ -265,8 +279,7 @@ impl CachedStore {
                 .spawn(move || shared.uring_worker(ring))
                 .expect("spawning the io_uring thread")]
         } else {
-            let shared = shared.clone();
-            spawn_readers("strata-io", DEFAULT_IO_THREADS, move || shared.worker())
+            Vec::new()
         };
         let warmer = (io != IoMode::Mmap && fault_in == FaultIn::AtLoad)
             .then(|| pool::Warmer::start(&shared.pool, warm));
@@ -274,6 +287,7 @@ impl CachedStore {
             stats: shared.stats.clone(),
             shared,
             workers,
+            _readers: readers.clone(),
             warmer,
         })
     }
@@ -414,15 +428,15 @@ impl Drop for CachedStore {
 }
 
 impl Shared {
-    fn worker(&self) {
-        while let Some((key, slot)) = self.jobs.next() {
-            let result = if slot.cancelled.load(Ordering::Relaxed) {
-                Err(CANCELLED.to_string())
-            } else {
-                self.read(key.0, key.1).map(Arc::new).map_err(|e| e.to_string())
-            };
-            self.finish(key, &slot, result);
-        }
+    /// One queued read, on a reader thread: the expert (unless its guess was cancelled) to the
+    /// cache and its waiters.
+    fn serve(&self, key: Key, slot: &InFlight) {
+        let result = if slot.cancelled.load(Ordering::Relaxed) {
+            Err(CANCELLED.to_string())
+        } else {
+            self.read(key.0, key.1).map(Arc::new).map_err(|e| e.to_string())
+        };
+        self.finish(key, slot, result);
     }
 
     /// Reads one expert from disk, one direct read per run into buffers from the pool; its
@@ -563,7 +577,7 @@ impl Shared {
     }
 
     /// The read of `key`, already in flight or newly queued.
-    fn request(&self, key: Key, speculative: bool) -> Arc<InFlight> {
+    fn request(self: &Arc<Self>, key: Key, speculative: bool) -> Arc<InFlight> {
         let mut inflight = self.inflight.lock().expect("in-flight lock");
         if let Some(slot) = inflight.get(&key) {
             if !speculative {
@@ -579,7 +593,13 @@ impl Shared {
         });
         inflight.insert(key, slot.clone());
         drop(inflight);
-        self.jobs.push([(key, slot.clone())], false);
+        match self.readers.upgrade() {
+            Some(readers) if !self.uring => {
+                let (shared, job) = (self.clone(), slot.clone());
+                readers.run([Box::new(move || shared.serve(key, &job)) as Task], !speculative);
+            }
+            _ => self.jobs.push([(key, slot.clone())], false),
+        }
         slot
     }
 

@@ -1,5 +1,6 @@
-//! The queue reader threads take their work from: jobs in order, a wake-up when one arrives, and
-//! a close that tells every thread to stop; and the starting and stopping of those threads.
+//! The queue the io_uring thread takes its reads from (`--io uring`; every other read runs on
+//! the shared reader pool, `readers.rs`): jobs in order, a wake-up when one arrives, and a close
+//! that tells the thread to stop.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,20 +18,6 @@ impl<T> Jobs<T> {
             queue: Mutex::new(VecDeque::new()),
             ready: Condvar::new(),
             closed: AtomicBool::new(false),
-        }
-    }
-
-    /// The next job, waiting for one; `None` once closed.
-    pub(crate) fn next(&self) -> Option<T> {
-        let mut q = self.queue.lock().expect("queue lock");
-        loop {
-            if self.is_closed() {
-                return None;
-            }
-            if let Some(job) = q.pop_front() {
-                return Some(job);
-            }
-            q = self.ready.wait(q).expect("queue wait");
         }
     }
 
@@ -56,24 +43,6 @@ impl<T> Jobs<T> {
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Relaxed)
     }
-}
-
-/// Starts `n` threads named `{name}-{i}`, each running `work` (which returns when the queue it
-/// serves is closed).
-pub(crate) fn spawn_readers(
-    name: &str,
-    n: usize,
-    work: impl Fn() + Clone + Send + 'static,
-) -> Vec<std::thread::JoinHandle<()>> {
-    (0..n)
-        .map(|i| {
-            let work = work.clone();
-            std::thread::Builder::new()
-                .name(format!("{name}-{i}"))
-                .spawn(work)
-                .expect("spawning a reader thread")
-        })
-        .collect()
 }
 
 /// Closes `jobs` and waits for the threads that serve it.

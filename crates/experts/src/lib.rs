@@ -9,6 +9,7 @@ mod cached;
 pub mod direct;
 mod jobs;
 mod plan;
+mod readers;
 mod spine;
 
 pub use cached::{
@@ -16,4 +17,5 @@ pub use cached::{
 };
 pub use direct::IoMode;
 pub use plan::{ExpertPlan, ReadRun};
-pub use spine::{SpineStore, DEFAULT_AHEAD};
+pub use readers::Readers;
+pub use spine::{SpineStore, DEFAULT_AHEAD, SPINE_THREADS};

@@ -19,8 +19,8 @@ use strata_formats::{BytesOwner, Checkpoint, Preloaded};
 use strata_models::{Block, BlockBuilder, LayerStore, StreamedLayer};
 
 use crate::direct::{AlignedBuf, DirectFile, IoMode};
-use crate::jobs::{spawn_readers, stop_readers, Jobs};
 use crate::plan::{coalesce, ReadRun};
+use crate::readers::{Readers, Task};
 use crate::StoreStats;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -29,8 +29,8 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// several threads share a layer.
 const MAX_RUN: u64 = 64 << 20;
 
-/// Reader threads for streamed layers.
-const SPINE_THREADS: usize = 4;
+/// Reader threads a model with streamed layers adds to the pool.
+pub const SPINE_THREADS: usize = 4;
 
 /// Streamed layers read ahead of the one in use, by default.
 pub const DEFAULT_AHEAD: usize = 2;
@@ -155,17 +155,19 @@ struct Shared {
     ahead: usize,
     /// Layers read or in flight.
     slots: Mutex<HashMap<usize, Arc<LayerRead>>>,
-    jobs: Jobs<(Arc<LayerRead>, usize)>,
+    /// The model's reader pool (held weakly, as the expert store holds it).
+    readers: std::sync::Weak<Readers>,
     stats: Arc<StoreStats>,
 }
 
 pub struct SpineStore {
     shared: Arc<Shared>,
-    workers: Vec<std::thread::JoinHandle<()>>,
+    /// Keeps the reader pool alive while the store may queue reads on it.
+    _readers: Arc<Readers>,
 }
 
 impl SpineStore {
-    /// Opens the checkpoint's shards for the reads of streamed layers and starts the readers;
+    /// Opens the checkpoint's shards for the reads of streamed layers, which run on `readers`;
     /// the layers come from the model's load ([`LayerStore::stream`]). Reads count in `stats`
     /// (with the experts' when the store is shared).
     pub fn open(
@@ -173,14 +175,15 @@ impl SpineStore {
         io: IoMode,
         ahead: usize,
         stats: Arc<StoreStats>,
+        readers: &Arc<Readers>,
     ) -> strata_models::Result<SpineStore> {
         let mapped = io == IoMode::Mmap;
         // `--io mmap` is the baseline of an engine computing on a mapping: each layer is paged in
         // when it is needed, by one thread, nothing read ahead.
-        let (mode, ahead, threads) = if mapped {
-            (IoMode::Mmap, 0, 1)
+        let (mode, ahead) = if mapped {
+            (IoMode::Mmap, 0)
         } else {
-            (IoMode::Direct, ahead, SPINE_THREADS)
+            (IoMode::Direct, ahead)
         };
         let mut files = Vec::with_capacity(ckpt.n_shards());
         for s in 0..ckpt.n_shards() {
@@ -199,14 +202,13 @@ impl SpineStore {
             streamed: OnceLock::new(),
             ahead,
             slots: Mutex::new(HashMap::new()),
-            jobs: Jobs::new(),
+            readers: Arc::downgrade(readers),
             stats,
         });
-        let workers = {
-            let shared = shared.clone();
-            spawn_readers("strata-spine", threads, move || shared.worker())
-        };
-        Ok(SpineStore { shared, workers })
+        Ok(SpineStore {
+            shared,
+            _readers: readers.clone(),
+        })
     }
 
     /// Waits until no layer read is in flight (so a measurement of the disk does not share it
@@ -270,26 +272,20 @@ fn plan_layers(
     Ok(plans)
 }
 
-impl Drop for SpineStore {
-    fn drop(&mut self) {
-        stop_readers(&self.shared.jobs, &mut self.workers);
-    }
-}
-
 impl Shared {
-    fn worker(&self) {
-        while let Some((read, run)) = self.jobs.next() {
-            if let Err(e) = self.read_run(&read, run) {
-                // The first error of a layer's reads is the one reported.
-                read.error.lock().expect("layer lock").get_or_insert(e);
-            }
-            if read.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
-                let result = match read.error.lock().expect("layer lock").take() {
-                    Some(e) => Err(e),
-                    None => self.assemble(&read),
-                };
-                read.complete(result);
-            }
+    /// Run `run` of a layer's reads, on a reader thread; the read that lands last builds the
+    /// block.
+    fn serve(&self, read: &LayerRead, run: usize) {
+        if let Err(e) = self.read_run(read, run) {
+            // The first error of a layer's reads is the one reported.
+            read.error.lock().expect("layer lock").get_or_insert(e);
+        }
+        if read.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let result = match read.error.lock().expect("layer lock").take() {
+                Some(e) => Err(e),
+                None => self.assemble(read),
+            };
+            read.complete(result);
         }
     }
 
@@ -354,7 +350,7 @@ impl Shared {
 
     /// Makes sure `layer` is read or in flight (its reads first in line when `urgent`).
     fn request(
-        &self,
+        self: &Arc<Self>,
         slots: &mut HashMap<usize, Arc<LayerRead>>,
         layer: usize,
         urgent: bool,
@@ -373,10 +369,21 @@ impl Shared {
             result: Mutex::new(None),
             done: Condvar::new(),
         });
-        if n == 0 {
-            read.complete(self.assemble(&read));
-        } else {
-            self.jobs.push((0..n).map(|i| (read.clone(), i)), urgent);
+        match self.readers.upgrade() {
+            Some(readers) if n > 0 => {
+                let task = |runs: std::ops::Range<usize>| -> Task {
+                    let (shared, read) = (self.clone(), read.clone());
+                    Box::new(move || runs.for_each(|i| shared.serve(&read, i)))
+                };
+                if self.mapped {
+                    // Paged in by one thread, run after run.
+                    readers.run([task(0..n)], urgent);
+                } else {
+                    readers.run((0..n).map(|i| task(i..i + 1)), urgent);
+                }
+            }
+            Some(_) => read.complete(self.assemble(&read)),
+            None => read.complete(Err("the reader threads have stopped".into())),
         }
         slots.insert(layer, read.clone());
         read

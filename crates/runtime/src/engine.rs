@@ -206,7 +206,15 @@ impl Engine {
             eviction: options.eviction,
             fault_in: options.fault_in,
         };
-        let experts = Arc::new(CachedStore::open(&ckpt, &plan.layout, cache)?);
+        // One pool of reader threads for both stores: the disk sees one queue.
+        let threads = strata_experts::DEFAULT_IO_THREADS
+            + if memory.streamed.is_empty() {
+                0
+            } else {
+                strata_experts::SPINE_THREADS
+            };
+        let readers = strata_experts::Readers::start(threads);
+        let experts = Arc::new(CachedStore::open(&ckpt, &plan.layout, cache, &readers)?);
         let spine = if memory.streamed.is_empty() {
             None
         } else {
@@ -217,6 +225,7 @@ impl Engine {
                 options.io,
                 memory.spine_ahead,
                 stats,
+                &readers,
             )?))
         };
         let loading = Loading {
