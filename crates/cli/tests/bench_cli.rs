@@ -61,8 +61,25 @@ fn bench_ends_with_one_json_line_of_the_figures_checks_read() {
             let v = num(&j, key);
             assert!(v.is_finite() && v >= 0.0, "{what}: {key} = {v}");
         }
-        // A 1 KiB cache holds no expert: every routed expert of every token is read.
+        // A 1 KiB cache holds no expert: every routed expert of every token is read, as the
+        // plan shown beside the figures expects.
         assert!(num(&j, "bytes_read_per_token") > 0.0, "{what}");
+        let plan = &j["memory_plan"];
+        assert_eq!(num(plan, "expert_cache"), 1024.0, "{what}: {plan}");
+        // Every tensor byte of every routed expert, and at most the small gaps between an
+        // expert's tensors that its coalesced reads span (guessed reads come on top).
+        let (expected, read) = (
+            num(plan, "expected_read_per_token"),
+            num(&j, "bytes_read_per_token"),
+        );
+        assert!(
+            expected <= read && (prefetch == "on" || read <= 1.5 * expected),
+            "{what}: expected {expected} B/token, read {read}"
+        );
+        assert!(
+            text.contains("memory plan") && text.contains("expected reads"),
+            "{what}"
+        );
         assert_eq!(num(&j, "hit_rate"), 0.0, "{what}");
         assert!(num(&j, "read_gbps") > 0.0 && num(&j, "raw_gbps") > 0.0, "{what}");
         for key in ["hit_rate", "io_wait_fraction", "prefetch_recall"] {

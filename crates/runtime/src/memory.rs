@@ -116,6 +116,8 @@ pub struct MemoryPlan {
     /// When the native spine streams and the INT8 one would not: the bytes a token would read
     /// with `--spine-format int8`.
     pub int8_alternative: Option<u64>,
+    /// Bytes of all the routed experts (what the cache would need to hold every one).
+    pub expert_bytes: u64,
 }
 
 impl MemoryPlan {
@@ -211,6 +213,7 @@ impl MemoryPlan {
             expected_read_per_token: 0,
             spine_format: options.spine_format,
             int8_alternative: None,
+            expert_bytes: plan.expert_bytes,
         };
         let stream = |p: &mut MemoryPlan, k: usize, ahead: usize| {
             p.streamed = spread(&layers, k);

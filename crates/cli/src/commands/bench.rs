@@ -218,6 +218,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         "load                  {load_s:.2} s; expert cache {:.2} GiB",
         store.budget() as f64 / (1u64 << 30) as f64
     );
+    println!("memory plan           {}", plan_line(&engine.memory));
     println!(
         "disk direct reads     {:.2} GB/s before the decode, {:.2} after ({} experts' runs each, same reads and parallelism as the store); {}",
         raw_before / 1e9,
@@ -351,6 +352,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             "seed": seed,
             "load_s": load_s,
             "expert_cache_bytes": store.budget(),
+            "memory_plan": super::inspect::memory_json(&engine.memory),
             "fresh_read_buffer_bytes": store.fresh_buffer_bytes(),
             "warmed_read_buffer_bytes": store.warmed_buffer_bytes(),
             "prefill_tokens": request.prompt.len(),
@@ -520,4 +522,35 @@ impl TokenFigures {
             "prefetch_recall": self.recall(),
         })
     }
+}
+
+/// The plan's decision in one line: where --mem went and the bytes a token is expected to read.
+fn plan_line(m: &strata_runtime::MemoryPlan) -> String {
+    let size = |b: usize| {
+        if b >= 1 << 30 {
+            format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+        } else {
+            format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
+        }
+    };
+    let streamed = if m.streamed.is_empty() {
+        "resident".to_string()
+    } else {
+        format!(
+            "{} layers streamed ({}/token)",
+            m.streamed.len(),
+            size(m.streamed_bytes)
+        )
+    };
+    format!(
+        "--mem {}: spine {} {streamed}, expert cache {} ({:.1} % of the experts), read buffers {}, working {}, state {}; expected reads {:.1} MB/token",
+        size(m.mem),
+        size(m.resident),
+        size(m.expert_cache),
+        100.0 * m.expert_cache as f64 / m.expert_bytes.max(1) as f64,
+        size(m.buffers + m.spine_buffers),
+        size(m.work),
+        size(m.state_reserve()),
+        m.expected_read_per_token as f64 / 1e6
+    )
 }

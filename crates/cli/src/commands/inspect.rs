@@ -45,7 +45,8 @@ pub struct InspectArgs {
 }
 
 /// The plan's shares, for `--json`.
-fn memory_json(m: &MemoryPlan, plan: &ModelPlan) -> serde_json::Value {
+/// The memory plan's shares and expected reads, as `inspect` and `bench` print them.
+pub(crate) fn memory_json(m: &MemoryPlan) -> serde_json::Value {
     serde_json::json!({
                 "mem": m.mem, "resident": m.resident, "streamed_layers": m.streamed,
                 "streamed_bytes_per_token": m.streamed_bytes, "spine_buffers": m.spine_buffers,
@@ -59,7 +60,7 @@ fn memory_json(m: &MemoryPlan, plan: &ModelPlan) -> serde_json::Value {
                 "expected_read_per_token": m.expected_read_per_token,
                 "spine_format": format!("{:?}", m.spine_format).to_lowercase(),
                 "int8_alternative_read_per_token": m.int8_alternative,
-                "cached_expert_share": m.expert_cache as f64 / plan.expert_bytes.max(1) as f64,
+                "cached_expert_share": m.expert_cache as f64 / m.expert_bytes.max(1) as f64,
     })
 }
 
@@ -145,7 +146,7 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
             "layer_bytes": plan.layer_bytes,
             "bytes_per_expert": plan.bytes_per_expert(),
             "uncached_token_bytes": plan.uncached_token_bytes(),
-            "memory": memory.as_ref().ok().map(|m| memory_json(m, &plan)),
+            "memory": memory.as_ref().ok().map(memory_json),
             "memory_error": memory.as_ref().err().map(|e| e.to_string()),
             "formats": plan.formats.iter().map(|(d, n, b)| serde_json::json!({"dtype": d, "tensors": n, "bytes": b})).collect::<Vec<_>>(),
         });
