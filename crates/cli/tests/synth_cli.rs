@@ -41,7 +41,7 @@ fn a_qwen3_moe_synth_checkpoint_loads_and_decodes() {
     // 8 experts of 2048 x 768 in BF16, gate, up and down: 9 MiB each.
     assert_eq!(
         j["memory_plan"]["expert_cache"].as_u64(),
-        Some(8 * 9 << 20),
+        Some((8 * 9) << 20),
         "{j}"
     );
     // A folder that holds a model is refused.
