@@ -25,10 +25,12 @@ use crate::plan::ExpertPlan;
 use crate::readers::{Readers, Task};
 
 mod demand;
+mod options;
 mod pool;
 mod stats;
 mod uring;
-use pool::{BufferPool, PooledBuffers};
+pub use options::{CacheOptions, FaultIn};
+use pool::{warm_lengths, BufferPool, PooledBuffers};
 pub use stats::StoreStats;
 pub use uring::available as uring_available;
 
@@ -166,32 +168,8 @@ pub struct CachedStore {
     pub stats: Arc<StoreStats>,
 }
 
-/// When the expert cache's memory is faulted in: all of it while the model loads (on every core;
-/// no token then waits for the kernel to zero fresh pages), or as experts are first read (a
-/// quicker start, slower first tokens).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum FaultIn {
-    #[default]
-    AtLoad,
-    OnRead,
-}
-
 /// Reader threads: direct reads overlap each other (the device queues them) and compute.
 pub const DEFAULT_IO_THREADS: usize = 8;
-
-/// How a [`CachedStore`] holds and reads experts.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct CacheOptions {
-    /// Bytes of decoded experts held in RAM at most.
-    pub budget: usize,
-    /// Read buffers (each an expert's reads) kept for reuse at most.
-    pub kept_buffers: usize,
-    /// Read predicted experts ahead (`ExpertStore::prefetch`).
-    pub prefetch: bool,
-    pub io: IoMode,
-    pub eviction: Eviction,
-    pub fault_in: FaultIn,
-}
 
 impl CachedStore {
     /// Resolves every expert of `layout` (all checks happen now, not mid-generation), opens the
@@ -393,32 +371,6 @@ impl CachedStore {
         }
         Ok((bytes?, seconds))
     }
-}
-
-/// The buffers the warmer makes: of each run length the experts' reads use, as many as the
-/// experts `budget` holds (at most all of them) and `reads` experts being read need, in
-/// proportion to how many runs of that length all experts have (so any mix of experts fits).
-fn warm_lengths(plans: &HashMap<Key, ExpertPlan>, budget: usize, reads: usize) -> Vec<usize> {
-    let Some(largest) = plans.values().map(|p| p.bytes).max() else {
-        return Vec::new();
-    };
-    let mut runs: BTreeMap<usize, usize> = BTreeMap::new();
-    for p in plans.values() {
-        for r in &p.runs {
-            *runs.entry(r.len as usize + 2 * crate::direct::ALIGN).or_default() += 1;
-        }
-    }
-    let experts = plans.len();
-    let cached = (budget as u64 / largest.max(1)).min(experts as u64) as usize;
-    let wanted = (cached + reads).min(experts);
-    // Largest first, interleaved lengths: a stop part way leaves a useful mix.
-    let counts: Vec<(usize, usize)> = (runs.into_iter().rev())
-        .map(|(len, n)| (len, (n * wanted).div_ceil(experts)))
-        .collect();
-    let most = counts.iter().map(|c| c.1).max().unwrap_or(0);
-    (0..most)
-        .flat_map(|i| counts.iter().filter(move |c| c.1 > i).map(|c| c.0))
-        .collect()
 }
 
 impl Drop for CachedStore {

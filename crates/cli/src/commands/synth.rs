@@ -208,6 +208,14 @@ fn ones(name: String, n: usize) -> Tensor {
     }
 }
 
+/// A decoder layer's two norms (before attention, before the MLP), under `prefix`.
+fn layer_norms(prefix: &str, hidden: usize) -> Vec<Tensor> {
+    vec![
+        ones(format!("{prefix}.input_layernorm.weight"), hidden),
+        ones(format!("{prefix}.post_attention_layernorm.weight"), hidden),
+    ]
+}
+
 /// The embedding, final norm and head.
 fn head_shard(vocab: usize, hidden: usize) -> Vec<Tensor> {
     vec![
@@ -319,9 +327,8 @@ pub fn synth(args: SynthArgs) -> Result<()> {
     let mut shards: Vec<Vec<Tensor>> = vec![head_shard(vocab, hidden)];
     for l in 0..args.layers {
         let p = format!("model.layers.{l}");
-        let mut t = vec![
-            ones(format!("{p}.input_layernorm.weight"), hidden),
-            ones(format!("{p}.post_attention_layernorm.weight"), hidden),
+        let mut t = layer_norms(&p, hidden);
+        t.extend([
             bf16(format!("{p}.self_attn.q_a_proj.weight"), vec![q_lora, hidden]),
             ones(format!("{p}.self_attn.q_a_layernorm.weight"), q_lora),
             bf16(
@@ -338,7 +345,7 @@ pub fn synth(args: SynthArgs) -> Result<()> {
                 vec![heads * (nope + v), kv_lora],
             ),
             bf16(format!("{p}.self_attn.o_proj.weight"), vec![hidden, heads * v]),
-        ];
+        ]);
         if l < first_dense {
             mlp(&mut t, &format!("{p}.mlp"), inter, hidden, ExpertFormat::Bf16);
         } else {
@@ -525,9 +532,8 @@ fn synth_qwen3_moe(args: &SynthArgs) -> Result<()> {
     let mut shards: Vec<Vec<Tensor>> = vec![head_shard(vocab, hidden)];
     for l in 0..args.layers {
         let p = format!("model.layers.{l}");
-        let mut t = vec![
-            ones(format!("{p}.input_layernorm.weight"), hidden),
-            ones(format!("{p}.post_attention_layernorm.weight"), hidden),
+        let mut t = layer_norms(&p, hidden);
+        t.extend([
             bf16(
                 format!("{p}.self_attn.q_proj.weight"),
                 vec![heads * head_dim, hidden],
@@ -547,7 +553,7 @@ fn synth_qwen3_moe(args: &SynthArgs) -> Result<()> {
             ones(format!("{p}.self_attn.q_norm.weight"), head_dim),
             ones(format!("{p}.self_attn.k_norm.weight"), head_dim),
             bf16(format!("{p}.mlp.gate.weight"), vec![experts, hidden]),
-        ];
+        ]);
         for e in 0..experts {
             mlp(
                 &mut t,

@@ -1,11 +1,13 @@
 //! The read buffers behind experts read from disk: faulted in once while the model loads, then
 //! recycled.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
+use super::Key;
 use crate::direct::AlignedBuf;
+use crate::plan::ExpertPlan;
 
 /// Read buffers that held experts no one uses any more (or none yet), kept for the next reads:
 /// a fresh buffer would have the kernel fault in and zero every one of its pages again.
@@ -140,6 +142,32 @@ fn warm(pool: Weak<BufferPool>, lengths: &[usize], next: &AtomicUsize, stop: &At
             .fetch_add(buf.capacity() as u64, Ordering::Relaxed);
         pool.give(buf);
     }
+}
+
+/// The buffers the warmer makes: of each run length the experts' reads use, as many as the
+/// experts `budget` holds (at most all of them) and `reads` experts being read need, in
+/// proportion to how many runs of that length all experts have (so any mix of experts fits).
+pub(super) fn warm_lengths(plans: &HashMap<Key, ExpertPlan>, budget: usize, reads: usize) -> Vec<usize> {
+    let Some(largest) = plans.values().map(|p| p.bytes).max() else {
+        return Vec::new();
+    };
+    let mut runs: BTreeMap<usize, usize> = BTreeMap::new();
+    for p in plans.values() {
+        for r in &p.runs {
+            *runs.entry(r.len as usize + 2 * crate::direct::ALIGN).or_default() += 1;
+        }
+    }
+    let experts = plans.len();
+    let cached = (budget as u64 / largest.max(1)).min(experts as u64) as usize;
+    let wanted = (cached + reads).min(experts);
+    // Largest first, interleaved lengths: a stop part way leaves a useful mix.
+    let counts: Vec<(usize, usize)> = (runs.into_iter().rev())
+        .map(|(len, n)| (len, (n * wanted).div_ceil(experts)))
+        .collect();
+    let most = counts.iter().map(|c| c.1).max().unwrap_or(0);
+    (0..most)
+        .flat_map(|i| counts.iter().filter(move |c| c.1 > i).map(|c| c.0))
+        .collect()
 }
 
 /// An expert's read buffers while its weights view them; back to the pool when dropped.
