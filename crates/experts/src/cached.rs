@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{channel, Sender};
+use std::sync::mpsc::channel;
 use std::sync::{Arc, Mutex};
 
 use strata_formats::Checkpoint;
@@ -20,19 +20,20 @@ use strata_weights::{Expert, ExpertLayout};
 use crate::direct::{AlignedBuf, DirectFile, IoMode};
 use strata_kernels::Owner;
 
-use crate::jobs::{stop_readers, Jobs};
+use crate::engine::inflight::{Slot, Table};
+use crate::engine::jobs::{stop_readers, Jobs};
+use crate::engine::pool::{BufferPool, PooledBuffers, Warmer};
+use crate::engine::readers::{Readers, Task};
+use crate::engine::stats::StoreStats;
 use crate::plan::ExpertPlan;
-use crate::readers::{Readers, Task};
 
 mod demand;
 mod options;
-mod pool;
-mod stats;
 mod uring;
+mod warm;
 pub use options::{CacheOptions, FaultIn};
-use pool::{warm_lengths, BufferPool, PooledBuffers};
-pub use stats::StoreStats;
 pub use uring::available as uring_available;
+use warm::warm_lengths;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type Key = (usize, usize);
@@ -87,45 +88,12 @@ impl Lru {
     }
 }
 
-/// One read in flight (or queued): whoever needs the expert waits here.
+/// One expert's read in flight (or queued): whoever needs the expert waits on its slot. A guess
+/// (`speculative`) may be cancelled while still queued.
 struct InFlight {
-    state: Mutex<SlotState>,
+    slot: Slot<Arc<Expert>>,
     cancelled: AtomicBool,
     speculative: AtomicBool,
-}
-
-#[derive(Default)]
-struct SlotState {
-    result: Option<Result<Arc<Expert>, String>>,
-    /// Callers waiting for this read: (channel, their index for it), told when it completes.
-    listeners: Vec<(Sender<usize>, usize)>,
-}
-
-impl InFlight {
-    /// The result if the read is done; otherwise `notify` will receive `index` when it is.
-    /// (The result of a cancelled guess is CANCELLED; callers that need it request it again.)
-    fn result_or_listen(&self, notify: &Sender<usize>, index: usize) -> Option<Result<Arc<Expert>, String>> {
-        let mut st = self.state.lock().expect("in-flight lock");
-        if st.result.is_none() {
-            st.listeners.push((notify.clone(), index));
-        }
-        st.result.clone()
-    }
-
-    fn result(&self) -> Option<Result<Arc<Expert>, String>> {
-        self.state.lock().expect("in-flight lock").result.clone()
-    }
-
-    fn complete(&self, result: Result<Arc<Expert>, String>) {
-        let listeners = {
-            let mut st = self.state.lock().expect("in-flight lock");
-            st.result = Some(result);
-            std::mem::take(&mut st.listeners)
-        };
-        for (tx, index) in listeners {
-            let _ = tx.send(index);
-        }
-    }
 }
 
 struct Shared {
@@ -135,7 +103,7 @@ struct Shared {
     plans: HashMap<Key, ExpertPlan>,
     budget: usize,
     lru: Mutex<Lru>,
-    inflight: Mutex<HashMap<Key, Arc<InFlight>>>,
+    inflight: Table<Key, InFlight>,
     /// The model's reader pool (held weakly: a read task holding this store must never hold
     /// the last reference to the pool it runs on).
     readers: std::sync::Weak<Readers>,
@@ -163,7 +131,7 @@ pub struct CachedStore {
     /// Keeps the reader pool alive while the store may queue reads on it.
     _readers: Arc<Readers>,
     /// Faults in read buffers ahead of the reads (none with `--io mmap`).
-    warmer: Option<pool::Warmer>,
+    warmer: Option<Warmer>,
     /// The store's counters (streamed layers' reads count here too).
     pub stats: Arc<StoreStats>,
 }
@@ -234,7 +202,7 @@ impl CachedStore {
             plans,
             budget,
             lru: Mutex::new(Lru::default()),
-            inflight: Mutex::new(HashMap::new()),
+            inflight: Table::default(),
             readers: Arc::downgrade(readers),
             jobs: Jobs::new(),
             predictions: Mutex::new(HashMap::new()),
@@ -259,8 +227,8 @@ impl CachedStore {
         } else {
             Vec::new()
         };
-        let warmer = (io != IoMode::Mmap && fault_in == FaultIn::AtLoad)
-            .then(|| pool::Warmer::start(&shared.pool, warm));
+        let warmer =
+            (io != IoMode::Mmap && fault_in == FaultIn::AtLoad).then(|| Warmer::start(&shared.pool, warm));
         Ok(CachedStore {
             stats: shared.stats.clone(),
             shared,
@@ -474,8 +442,8 @@ impl Shared {
         if let Ok(expert) = &result {
             self.insert(key, expert.clone());
         }
-        self.inflight.lock().expect("in-flight lock").remove(&key);
-        slot.complete(result);
+        self.inflight.remove(&key);
+        slot.slot.complete(result);
     }
 
     fn insert(&self, key: Key, expert: Arc<Expert>) {
@@ -530,21 +498,20 @@ impl Shared {
 
     /// The read of `key`, already in flight or newly queued.
     fn request(self: &Arc<Self>, key: Key, speculative: bool) -> Arc<InFlight> {
-        let mut inflight = self.inflight.lock().expect("in-flight lock");
-        if let Some(slot) = inflight.get(&key) {
+        let (slot, new) = self.inflight.get_or_start(key, || {
+            Arc::new(InFlight {
+                slot: Slot::default(),
+                cancelled: AtomicBool::new(false),
+                speculative: AtomicBool::new(speculative),
+            })
+        });
+        if !new {
             if !speculative {
                 slot.speculative.store(false, Ordering::Relaxed);
                 slot.cancelled.store(false, Ordering::Relaxed);
             }
-            return slot.clone();
+            return slot;
         }
-        let slot = Arc::new(InFlight {
-            state: Mutex::new(SlotState::default()),
-            cancelled: AtomicBool::new(false),
-            speculative: AtomicBool::new(speculative),
-        });
-        inflight.insert(key, slot.clone());
-        drop(inflight);
         match self.readers.upgrade() {
             Some(readers) if !self.uring => {
                 let (shared, job) = (self.clone(), slot.clone());
@@ -566,10 +533,10 @@ impl Shared {
             .predicted_asked
             .fetch_add(asked.len() as u64, Ordering::Relaxed);
         self.stats.predicted_right.fetch_add(right, Ordering::Relaxed);
-        let inflight = self.inflight.lock().expect("in-flight lock");
-        for &e in predicted.difference(&asked) {
+        let losers = predicted.difference(&asked).map(|&e| (layer, e));
+        self.inflight.each_of(losers, |key, slot| {
             self.stats.predicted_wrong.fetch_add(1, Ordering::Relaxed);
-            match inflight.get(&(layer, e)) {
+            match slot {
                 Some(slot) if slot.speculative.load(Ordering::Relaxed) => {
                     slot.cancelled.store(true, Ordering::Relaxed)
                 }
@@ -577,10 +544,10 @@ impl Shared {
                 _ => {
                     self.stats
                         .wasted_bytes
-                        .fetch_add(self.plans[&(layer, e)].bytes, Ordering::Relaxed);
+                        .fetch_add(self.plans[&key].bytes, Ordering::Relaxed);
                 }
             }
-        }
+        });
     }
 }
 
@@ -642,7 +609,7 @@ impl ExpertStore for CachedStore {
         let mut waiting = 0;
         for (i, slot) in slots.iter().enumerate() {
             if let Some(slot) = slot {
-                if slot.result_or_listen(&tx, i).is_some() {
+                if slot.slot.result_or_listen(&tx, i).is_some() {
                     tx.send(i).expect("own channel");
                 }
                 waiting += 1;
@@ -654,7 +621,7 @@ impl ExpertStore for CachedStore {
             let i = rx.recv().expect("a sender is held here");
             waited += t0.elapsed();
             let slot = slots[i].as_ref().expect("slot of a miss");
-            match slot.result().expect("completed") {
+            match slot.slot.result().expect("completed") {
                 Ok(expert) => {
                     waiting -= 1;
                     on_ready(i, expert)?;
@@ -662,7 +629,7 @@ impl ExpertStore for CachedStore {
                 // A guess cancelled just before this layer claimed it: read it now.
                 Err(msg) if msg == CANCELLED => {
                     let again = s.request((layer, ids[i]), false);
-                    if again.result_or_listen(&tx, i).is_some() {
+                    if again.slot.result_or_listen(&tx, i).is_some() {
                         tx.send(i).expect("own channel");
                     }
                     slots[i] = Some(again);

@@ -7,15 +7,13 @@
 
 mod cached;
 pub mod direct;
-mod jobs;
+mod engine;
 mod plan;
-mod readers;
 mod spine;
 
-pub use cached::{
-    uring_available, CacheOptions, CachedStore, Eviction, FaultIn, StoreStats, DEFAULT_IO_THREADS,
-};
+pub use cached::{uring_available, CacheOptions, CachedStore, Eviction, FaultIn, DEFAULT_IO_THREADS};
 pub use direct::IoMode;
+pub use engine::readers::Readers;
+pub use engine::stats::StoreStats;
 pub use plan::{ExpertPlan, ReadRun};
-pub use readers::Readers;
 pub use spine::{SpineStore, DEFAULT_AHEAD, SPINE_THREADS};

@@ -13,15 +13,17 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use strata_formats::{BytesOwner, Checkpoint, Preloaded};
 use strata_models::{Block, BlockBuilder, LayerStore, StreamedLayer};
 
 use crate::direct::{AlignedBuf, DirectFile, IoMode};
+use crate::engine::inflight::{Slot, Table};
+use crate::engine::pool::BufferPool;
+use crate::engine::readers::{Readers, Task};
+use crate::engine::stats::StoreStats;
 use crate::plan::{coalesce, ReadRun};
-use crate::readers::{Readers, Task};
-use crate::StoreStats;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -46,34 +48,6 @@ struct LayerPlan {
     pieces: Arc<HashMap<String, (usize, usize)>>,
 }
 
-/// One layer's worth of aligned read buffer, its pages in memory (zeroed when allocated: a
-/// direct read into pages not yet faulted in has the kernel pin them one by one, 3-4x slower).
-struct Arena {
-    buf: AlignedBuf,
-}
-
-/// Arenas no layer uses, for the next reads.
-struct Arenas {
-    free: Mutex<Vec<Arena>>,
-    len: usize,
-}
-
-impl Arenas {
-    fn take(&self) -> Arena {
-        self.free
-            .lock()
-            .expect("arena lock")
-            .pop()
-            .unwrap_or_else(|| Arena {
-                buf: AlignedBuf::zeroed(self.len),
-            })
-    }
-
-    fn give(&self, arena: Arena) {
-        self.free.lock().expect("arena lock").push(arena);
-    }
-}
-
 /// The start of a layer's arena, for the reader threads that fill disjoint parts of it.
 struct ArenaPtr(*mut u8);
 
@@ -83,41 +57,23 @@ unsafe impl Send for ArenaPtr {}
 // SAFETY: as above.
 unsafe impl Sync for ArenaPtr {}
 
-/// One layer's read: its arena and where each run landed in it, then the block (or what went
-/// wrong).
+/// One layer's read: its arena (one aligned buffer from the pool, the size of the largest
+/// layer) and where each run landed in it, then the block (or what went wrong).
 struct LayerRead {
     layer: usize,
-    arena: Mutex<Option<Arena>>,
+    arena: Mutex<Option<AlignedBuf>>,
     base: ArenaPtr,
     remaining: AtomicUsize,
     error: Mutex<Option<String>>,
-    result: Mutex<Option<Result<Arc<Block>, String>>>,
-    done: Condvar,
-}
-
-impl LayerRead {
-    fn wait(&self) -> Result<Arc<Block>, String> {
-        let mut r = self.result.lock().expect("layer lock");
-        loop {
-            if let Some(result) = r.as_ref() {
-                return result.clone();
-            }
-            r = self.done.wait(r).expect("layer wait");
-        }
-    }
-
-    fn complete(&self, result: Result<Arc<Block>, String>) {
-        *self.result.lock().expect("layer lock") = Some(result);
-        self.done.notify_all();
-    }
+    slot: Slot<Arc<Block>>,
 }
 
 /// A layer's arena with where each tensor lies in it: the bytes its block views.
 struct LayerBytes {
-    arena: Option<Arena>,
+    arena: Option<AlignedBuf>,
     /// name -> (offset, length)
     pieces: Arc<HashMap<String, (usize, usize)>>,
-    arenas: Arc<Arenas>,
+    arenas: Arc<BufferPool>,
 }
 
 // SAFETY: the arena is owned here, never written after the reads that filled it, and goes back
@@ -125,7 +81,7 @@ struct LayerBytes {
 unsafe impl Preloaded for LayerBytes {
     fn bytes(&self, name: &str) -> Option<&[u8]> {
         let &(off, len) = self.pieces.get(name)?;
-        Some(&self.arena.as_ref()?.buf.as_slice()[off..off + len])
+        Some(&self.arena.as_ref()?.as_slice()[off..off + len])
     }
 }
 
@@ -143,7 +99,11 @@ struct Streamed {
     /// Streamed layers in model order.
     order: Vec<usize>,
     builder: BlockBuilder,
-    arenas: Arc<Arenas>,
+    /// Arenas no layer uses, for the next reads (their pages faulted in once, when made: a
+    /// direct read into pages not yet faulted in has the kernel pin them one by one, 3-4x
+    /// slower).
+    arenas: Arc<BufferPool>,
+    arena_len: usize,
 }
 
 struct Shared {
@@ -154,7 +114,7 @@ struct Shared {
     streamed: OnceLock<Streamed>,
     ahead: usize,
     /// Layers read or in flight.
-    slots: Mutex<HashMap<usize, Arc<LayerRead>>>,
+    slots: Table<usize, LayerRead>,
     /// The model's reader pool (held weakly, as the expert store holds it).
     readers: std::sync::Weak<Readers>,
     stats: Arc<StoreStats>,
@@ -201,7 +161,7 @@ impl SpineStore {
             mapped,
             streamed: OnceLock::new(),
             ahead,
-            slots: Mutex::new(HashMap::new()),
+            slots: Table::default(),
             readers: Arc::downgrade(readers),
             stats,
         });
@@ -214,11 +174,8 @@ impl SpineStore {
     /// Waits until no layer read is in flight (so a measurement of the disk does not share it
     /// with reads ahead).
     pub fn wait_idle(&self) {
-        let reads: Vec<Arc<LayerRead>> = (self.shared.slots.lock().expect("slots lock").values())
-            .cloned()
-            .collect();
-        for r in reads {
-            let _ = r.wait();
+        for r in self.shared.slots.values() {
+            let _ = r.slot.wait();
         }
     }
 
@@ -285,7 +242,7 @@ impl Shared {
                 Some(e) => Err(e),
                 None => self.assemble(read),
             };
-            read.complete(result);
+            read.slot.complete(result);
         }
     }
 
@@ -349,26 +306,23 @@ impl Shared {
     }
 
     /// Makes sure `layer` is read or in flight (its reads first in line when `urgent`).
-    fn request(
-        self: &Arc<Self>,
-        slots: &mut HashMap<usize, Arc<LayerRead>>,
-        layer: usize,
-        urgent: bool,
-    ) -> Arc<LayerRead> {
-        if let Some(r) = slots.get(&layer) {
-            return r.clone();
-        }
-        let n = self.streamed().plans[&layer].runs.len();
-        let mut arena = self.streamed().arenas.take();
-        let read = Arc::new(LayerRead {
-            layer,
-            base: ArenaPtr(arena.buf.as_mut_ptr()),
-            arena: Mutex::new(Some(arena)),
-            remaining: AtomicUsize::new(n),
-            error: Mutex::new(None),
-            result: Mutex::new(None),
-            done: Condvar::new(),
+    fn request(self: &Arc<Self>, layer: usize, urgent: bool) -> Arc<LayerRead> {
+        let streamed = self.streamed();
+        let n = streamed.plans[&layer].runs.len();
+        let (read, new) = self.slots.get_or_start(layer, || {
+            let mut arena = streamed.arenas.take(streamed.arena_len);
+            Arc::new(LayerRead {
+                layer,
+                base: ArenaPtr(arena.as_mut_ptr()),
+                arena: Mutex::new(Some(arena)),
+                remaining: AtomicUsize::new(n),
+                error: Mutex::new(None),
+                slot: Slot::default(),
+            })
         });
+        if !new {
+            return read;
+        }
         match self.readers.upgrade() {
             Some(readers) if n > 0 => {
                 let task = |runs: std::ops::Range<usize>| -> Task {
@@ -382,10 +336,9 @@ impl Shared {
                     readers.run((0..n).map(|i| task(i..i + 1)), urgent);
                 }
             }
-            Some(_) => read.complete(self.assemble(&read)),
-            None => read.complete(Err("the reader threads have stopped".into())),
+            Some(_) => read.slot.complete(self.assemble(&read)),
+            None => read.slot.complete(Err("the reader threads have stopped".into())),
         }
-        slots.insert(layer, read.clone());
         read
     }
 }
@@ -399,10 +352,11 @@ impl LayerStore for SpineStore {
             order: plans.keys().copied().collect(),
             plans,
             builder,
-            arenas: Arc::new(Arenas {
-                free: Mutex::new(Vec::new()),
-                len: arena_len,
-            }),
+            // Kept free: the layer in use, those read ahead, and one being let go.
+            arenas: Arc::new(BufferPool::new(
+                (s.ahead + 2) * AlignedBuf::capacity_for(arena_len),
+            )),
+            arena_len,
         };
         s.streamed
             .set(streamed)
@@ -424,30 +378,28 @@ impl LayerStore for SpineStore {
             let wanted: Vec<usize> = (0..=s.ahead.min(order.len() - 1))
                 .map(|i| order[(pos + i) % order.len()])
                 .collect();
-            let mut slots = s.slots.lock().expect("slots lock");
             // Let go first: the arenas of layers no longer wanted serve the new reads.
-            slots.retain(|l, _| wanted.contains(l));
-            let read = s.request(&mut slots, layer, true);
+            s.slots.retain(|l| wanted.contains(l));
+            let read = s.request(layer, true);
             for &l in &wanted[1..] {
-                s.request(&mut slots, l, false);
+                s.request(l, false);
             }
             read
         };
         let t0 = std::time::Instant::now();
-        let result = read.wait();
+        let result = read.slot.wait();
         s.stats
             .spine_wait_ns
             .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         result.map_err(|e| {
             // Read again next time rather than keep failing on a stale result.
-            s.slots.lock().expect("slots lock").remove(&layer);
+            s.slots.remove(&layer);
             e.into()
         })
     }
 
     fn ready(&self, layer: usize) -> Option<Arc<Block>> {
-        let read = self.shared.slots.lock().expect("slots lock").get(&layer)?.clone();
-        let result = read.result.lock().expect("layer lock");
-        result.as_ref()?.as_ref().ok().cloned()
+        let read = self.shared.slots.get(&layer)?;
+        read.slot.result()?.ok()
     }
 }

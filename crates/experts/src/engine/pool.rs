@@ -1,31 +1,29 @@
-//! The read buffers behind experts read from disk: faulted in once while the model loads, then
-//! recycled.
+//! The aligned read buffers of every read (experts' runs, streamed layers' arenas): faulted in
+//! once (while the model loads, or when first made), then recycled.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use super::Key;
 use crate::direct::AlignedBuf;
-use crate::plan::ExpertPlan;
 
 /// Read buffers that held experts no one uses any more (or none yet), kept for the next reads:
 /// a fresh buffer would have the kernel fault in and zero every one of its pages again.
-pub(super) struct BufferPool {
+pub(crate) struct BufferPool {
     /// Free buffers by capacity, and their bytes.
     free: Mutex<(BTreeMap<usize, Vec<AlignedBuf>>, usize)>,
     /// Most bytes kept free.
     max_bytes: usize,
     /// Bytes of buffers allocated (and faulted in) by a read because none free fitted.
-    pub(super) fresh_bytes: AtomicU64,
+    pub(crate) fresh_bytes: AtomicU64,
     /// Bytes of buffers faulted in by the warmer before any read needed them.
-    pub(super) warmed_bytes: AtomicU64,
+    pub(crate) warmed_bytes: AtomicU64,
     /// Bytes of buffers alive (free, in the cache or being read into).
     live_bytes: AtomicUsize,
 }
 
 impl BufferPool {
-    pub(super) fn new(max_bytes: usize) -> BufferPool {
+    pub(crate) fn new(max_bytes: usize) -> BufferPool {
         BufferPool {
             free: Mutex::new((BTreeMap::new(), 0)),
             max_bytes,
@@ -36,7 +34,7 @@ impl BufferPool {
     }
 
     /// The smallest free buffer of at least `len` bytes, or a new one.
-    pub(super) fn take(&self, len: usize) -> AlignedBuf {
+    pub(crate) fn take(&self, len: usize) -> AlignedBuf {
         let mut free = self.free.lock().expect("pool lock");
         let (map, bytes) = &mut *free;
         if let Some(cap) = map.range(len..).next().map(|(&cap, _)| cap) {
@@ -58,7 +56,7 @@ impl BufferPool {
         buf
     }
 
-    pub(super) fn give(&self, buf: AlignedBuf) {
+    pub(crate) fn give(&self, buf: AlignedBuf) {
         let mut free = self.free.lock().expect("pool lock");
         if free.1 + buf.capacity() <= self.max_bytes {
             free.1 += buf.capacity();
@@ -87,14 +85,14 @@ impl BufferPool {
 /// behind that work. The warmer faults in every buffer the plan gave the cache and the reads, of
 /// the lengths the experts' runs need, on every core while the model loads; decoding then
 /// recycles them. A read that finds none free that fits still makes its own.
-pub(super) struct Warmer {
+pub(crate) struct Warmer {
     stop: Arc<AtomicBool>,
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
 impl Warmer {
     /// Starts faulting in one buffer of each of `lengths` into `pool`.
-    pub(super) fn start(pool: &Arc<BufferPool>, lengths: Vec<usize>) -> Warmer {
+    pub(crate) fn start(pool: &Arc<BufferPool>, lengths: Vec<usize>) -> Warmer {
         let stop = Arc::new(AtomicBool::new(false));
         let n = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
         let jobs = Arc::new((lengths, AtomicUsize::new(0)));
@@ -114,7 +112,7 @@ impl Warmer {
     }
 
     /// Waits until every buffer is faulted in.
-    pub(super) fn wait(&self) {
+    pub(crate) fn wait(&self) {
         let threads = std::mem::take(&mut *self.threads.lock().expect("warmer lock"));
         for t in threads {
             let _ = t.join();
@@ -144,36 +142,10 @@ fn warm(pool: Weak<BufferPool>, lengths: &[usize], next: &AtomicUsize, stop: &At
     }
 }
 
-/// The buffers the warmer makes: of each run length the experts' reads use, as many as the
-/// experts `budget` holds (at most all of them) and `reads` experts being read need, in
-/// proportion to how many runs of that length all experts have (so any mix of experts fits).
-pub(super) fn warm_lengths(plans: &HashMap<Key, ExpertPlan>, budget: usize, reads: usize) -> Vec<usize> {
-    let Some(largest) = plans.values().map(|p| p.bytes).max() else {
-        return Vec::new();
-    };
-    let mut runs: BTreeMap<usize, usize> = BTreeMap::new();
-    for p in plans.values() {
-        for r in &p.runs {
-            *runs.entry(r.len as usize + 2 * crate::direct::ALIGN).or_default() += 1;
-        }
-    }
-    let experts = plans.len();
-    let cached = (budget as u64 / largest.max(1)).min(experts as u64) as usize;
-    let wanted = (cached + reads).min(experts);
-    // Largest first, interleaved lengths: a stop part way leaves a useful mix.
-    let counts: Vec<(usize, usize)> = (runs.into_iter().rev())
-        .map(|(len, n)| (len, (n * wanted).div_ceil(experts)))
-        .collect();
-    let most = counts.iter().map(|c| c.1).max().unwrap_or(0);
-    (0..most)
-        .flat_map(|i| counts.iter().filter(move |c| c.1 > i).map(|c| c.0))
-        .collect()
-}
-
 /// An expert's read buffers while its weights view them; back to the pool when dropped.
-pub(super) struct PooledBuffers {
-    pub(super) buffers: Vec<AlignedBuf>,
-    pub(super) pool: Arc<BufferPool>,
+pub(crate) struct PooledBuffers {
+    pub(crate) buffers: Vec<AlignedBuf>,
+    pub(crate) pool: Arc<BufferPool>,
 }
 
 impl Drop for PooledBuffers {
