@@ -118,6 +118,57 @@ pub fn dot_f16(w: &[u16], x: &[f32]) -> f32 {
     }))(w, x)
 }
 
+/// `out[i * T + t] = dot(row i of w, xs[t])` for the rows of `w` (each `in_dim` wide) and the T
+/// tokens of `xs`, bit for bit what each token gets alone (batch invariance): the SIMD variant
+/// multiplies each weight vector into up to four tokens per load; the scalar one runs the
+/// reference per token.
+macro_rules! tokens_entry {
+    ($name:ident, $elem:ty, $reference:ident, $simd:ident, $detect:expr) => {
+        pub fn $name(w: &[$elem], in_dim: usize, xs: &[&[f32]], out: &mut [f32]) {
+            let tokens = xs.len();
+            assert!(in_dim > 0 && w.len().is_multiple_of(in_dim));
+            assert_eq!(out.len(), w.len() / in_dim * tokens);
+            #[cfg(target_arch = "x86_64")]
+            if $detect {
+                // SAFETY: the features the kernel needs were detected.
+                return unsafe { x86::$simd(w, in_dim, xs, out) };
+            }
+            for (row, o) in w.chunks_exact(in_dim).zip(out.chunks_exact_mut(tokens)) {
+                for (v, x) in o.iter_mut().zip(xs) {
+                    *v = $reference(row, x);
+                }
+            }
+        }
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_avx2_fma() -> bool {
+    std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+}
+
+tokens_entry!(
+    rows_f32_tokens,
+    f32,
+    dot_f32_reference,
+    tokens_f32,
+    has_avx2_fma()
+);
+tokens_entry!(
+    rows_bf16_tokens,
+    u16,
+    dot_bf16_reference,
+    tokens_bf16,
+    has_avx2_fma()
+);
+tokens_entry!(
+    rows_f16_tokens,
+    u16,
+    dot_f16_reference,
+    tokens_f16,
+    has_avx2_fma_f16c()
+);
+
 /// Horizontal sum of an AVX register, in the same order as [`tree8`].
 #[cfg(target_arch = "x86_64")]
 #[inline]
@@ -181,6 +232,16 @@ pub mod x86 {
         }
     }
 
+    /// [`prefetch`] for `base + offset` bytes.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 (callers are AVX2 kernels).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub fn prefetch_at<T>(base: *const T, offset: usize) {
+        prefetch((base as *const u8).wrapping_add(offset))
+    }
+
     pub fn dot_f32_avx2_entry(w: &[f32], x: &[f32]) -> f32 {
         // SAFETY: selected only when avx2 and fma were detected.
         unsafe { dot_f32_avx2(w, x) }
@@ -194,40 +255,10 @@ pub mod x86 {
         unsafe { dot_f16_avx2(w, x) }
     }
 
+    #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn dot_f32_avx2(w: &[f32], x: &[f32]) -> f32 {
-        assert_eq!(w.len(), x.len());
-        let n = w.len();
-        let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-        let mut i = 0;
-        while i + 16 <= n {
-            prefetch(w.as_ptr().add(i));
-            a0 = _mm256_fmadd_ps(
-                _mm256_loadu_ps(w.as_ptr().add(i)),
-                _mm256_loadu_ps(x.as_ptr().add(i)),
-                a0,
-            );
-            a1 = _mm256_fmadd_ps(
-                _mm256_loadu_ps(w.as_ptr().add(i + 8)),
-                _mm256_loadu_ps(x.as_ptr().add(i + 8)),
-                a1,
-            );
-            i += 16;
-        }
-        while i + 8 <= n {
-            a0 = _mm256_fmadd_ps(
-                _mm256_loadu_ps(w.as_ptr().add(i)),
-                _mm256_loadu_ps(x.as_ptr().add(i)),
-                a0,
-            );
-            i += 8;
-        }
-        let mut sum = super::hsum256(_mm256_add_ps(a0, a1));
-        while i < n {
-            sum += w[i] * x[i];
-            i += 1;
-        }
-        sum
+    unsafe fn load_f32x8(p: *const f32) -> __m256 {
+        _mm256_loadu_ps(p)
     }
 
     #[inline]
@@ -237,61 +268,157 @@ pub mod x86 {
         _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
     }
 
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load_f16x8(p: *const u16) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    }
+
+    #[inline]
+    fn widen_f32(v: f32) -> f32 {
+        v
+    }
+
+    #[inline]
+    fn widen_f16(v: u16) -> f32 {
+        half::f16::from_bits(v).to_f32()
+    }
+
+    /// One weight row against N activations: `out[t]` is, bit for bit, what the row gives
+    /// token t alone (N = 1 is the one-token kernel itself): each weight vector is loaded and
+    /// widened once and multiplied into every token's accumulators, each token's sum in the
+    /// same order whatever N is. `PAIR`: two accumulators per token over 16-wide steps (the
+    /// formats whose decode is cheap), else one over 8-wide steps.
+    macro_rules! dense_rows {
+        ($name:ident, $elem:ty, $features:literal, $load:ident, $widen:ident, $prefetch:ident, $pair:literal) => {
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn $name<const N: usize>(w: &[$elem], xs: [&[f32]; N]) -> [f32; N] {
+                let n = w.len();
+                for x in xs {
+                    assert_eq!(x.len(), n);
+                }
+                let mut a0 = [_mm256_setzero_ps(); N];
+                let mut a1 = [_mm256_setzero_ps(); N];
+                let mut i = 0;
+                if $pair {
+                    while i + 16 <= n {
+                        $prefetch(w.as_ptr(), std::mem::size_of::<$elem>() * i);
+                        let w0 = $load(w.as_ptr().add(i));
+                        let w1 = $load(w.as_ptr().add(i + 8));
+                        for t in 0..N {
+                            let x = xs[t].as_ptr();
+                            a0[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x.add(i)), a0[t]);
+                            a1[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x.add(i + 8)), a1[t]);
+                        }
+                        i += 16;
+                    }
+                }
+                while i + 8 <= n {
+                    if !$pair {
+                        $prefetch(w.as_ptr(), std::mem::size_of::<$elem>() * i);
+                    }
+                    let w0 = $load(w.as_ptr().add(i));
+                    for t in 0..N {
+                        a0[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xs[t].as_ptr().add(i)), a0[t]);
+                    }
+                    i += 8;
+                }
+                let mut out = [0f32; N];
+                for t in 0..N {
+                    let v = if $pair {
+                        _mm256_add_ps(a0[t], a1[t])
+                    } else {
+                        a0[t]
+                    };
+                    let mut sum = super::hsum256(v);
+                    for j in i..n {
+                        sum += $widen(w[j]) * xs[t][j];
+                    }
+                    out[t] = sum;
+                }
+                out
+            }
+        };
+    }
+
+    dense_rows!(
+        rows_f32_n,
+        f32,
+        "avx2,fma",
+        load_f32x8,
+        widen_f32,
+        prefetch_at,
+        true
+    );
+    dense_rows!(
+        rows_bf16_n,
+        u16,
+        "avx2,fma",
+        load_bf16x8,
+        bf16_to_f32,
+        prefetch_lines,
+        true
+    );
+    dense_rows!(
+        rows_f16_n,
+        u16,
+        "avx2,fma,f16c",
+        load_f16x8,
+        widen_f16,
+        prefetch_line,
+        false
+    );
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn dot_f32_avx2(w: &[f32], x: &[f32]) -> f32 {
+        rows_f32_n::<1>(w, [x])[0]
+    }
+
     #[target_feature(enable = "avx2,fma")]
     unsafe fn dot_bf16_avx2(w: &[u16], x: &[f32]) -> f32 {
-        assert_eq!(w.len(), x.len());
-        let n = w.len();
-        let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-        let mut i = 0;
-        while i + 16 <= n {
-            prefetch_lines(w.as_ptr(), 2 * i);
-            a0 = _mm256_fmadd_ps(
-                load_bf16x8(w.as_ptr().add(i)),
-                _mm256_loadu_ps(x.as_ptr().add(i)),
-                a0,
-            );
-            a1 = _mm256_fmadd_ps(
-                load_bf16x8(w.as_ptr().add(i + 8)),
-                _mm256_loadu_ps(x.as_ptr().add(i + 8)),
-                a1,
-            );
-            i += 16;
-        }
-        while i + 8 <= n {
-            a0 = _mm256_fmadd_ps(
-                load_bf16x8(w.as_ptr().add(i)),
-                _mm256_loadu_ps(x.as_ptr().add(i)),
-                a0,
-            );
-            i += 8;
-        }
-        let mut sum = super::hsum256(_mm256_add_ps(a0, a1));
-        while i < n {
-            sum += bf16_to_f32(w[i]) * x[i];
-            i += 1;
-        }
-        sum
+        rows_bf16_n::<1>(w, [x])[0]
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn dot_f16_avx2(w: &[u16], x: &[f32]) -> f32 {
-        assert_eq!(w.len(), x.len());
-        let n = w.len();
-        let mut a0 = _mm256_setzero_ps();
-        let mut i = 0;
-        while i + 8 <= n {
-            prefetch_line(w.as_ptr(), 2 * i);
-            let h = _mm_loadu_si128(w.as_ptr().add(i) as *const __m128i);
-            a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(h), _mm256_loadu_ps(x.as_ptr().add(i)), a0);
-            i += 8;
-        }
-        let mut sum = super::hsum256(a0);
-        while i < n {
-            sum += half::f16::from_bits(w[i]).to_f32() * x[i];
-            i += 1;
-        }
-        sum
+        rows_f16_n::<1>(w, [x])[0]
     }
+
+    /// `out[i * T + t] = dot(w row i, xs[t])` for the `rows` rows of `w` (`in_dim` wide) and the
+    /// T tokens of `xs`, four tokens per pass over a row (then three, two, one), token groups
+    /// outermost so their activations stay in the nearest cache while the rows stream by.
+    macro_rules! dense_tokens {
+        ($name:ident, $elem:ty, $features:literal, $kernel:ident) => {
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn $name(w: &[$elem], in_dim: usize, xs: &[&[f32]], out: &mut [f32]) {
+                let tokens = xs.len();
+                let rows = w.len() / in_dim.max(1);
+                assert_eq!(out.len(), rows * tokens);
+                let mut t = 0;
+                while t < tokens {
+                    let left = tokens - t;
+                    for r in 0..rows {
+                        let row = &w[r * in_dim..(r + 1) * in_dim];
+                        let o = &mut out[r * tokens + t..];
+                        match left {
+                            1 => o[..1].copy_from_slice(&$kernel::<1>(row, [xs[t]])),
+                            2 => o[..2].copy_from_slice(&$kernel::<2>(row, [xs[t], xs[t + 1]])),
+                            3 => o[..3].copy_from_slice(&$kernel::<3>(row, [xs[t], xs[t + 1], xs[t + 2]])),
+                            _ => o[..4].copy_from_slice(&$kernel::<4>(
+                                row,
+                                [xs[t], xs[t + 1], xs[t + 2], xs[t + 3]],
+                            )),
+                        }
+                    }
+                    t += left.min(4);
+                }
+            }
+        };
+    }
+
+    dense_tokens!(tokens_f32, f32, "avx2,fma", rows_f32_n);
+    dense_tokens!(tokens_bf16, u16, "avx2,fma", rows_bf16_n);
+    dense_tokens!(tokens_f16, u16, "avx2,fma,f16c", rows_f16_n);
 }
 
 #[cfg(test)]

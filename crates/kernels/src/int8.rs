@@ -70,25 +70,88 @@ pub mod x86 {
 
     #[target_feature(enable = "avx2,fma")]
     unsafe fn dot_int8_avx2(w: &[i8], scale: f32, x: &[f32]) -> f32 {
-        assert_eq!(w.len(), x.len());
+        rows_int8_n::<1>(w, scale, [x])[0]
+    }
+
+    /// One row against N activations, each token's sum in the one-token order (N = 1 is the
+    /// one-token kernel): each 16 weights are widened once for every token.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn rows_int8_n<const N: usize>(w: &[i8], scale: f32, xs: [&[f32]; N]) -> [f32; N] {
         let n = w.len();
-        let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        for x in xs {
+            assert_eq!(x.len(), n);
+        }
+        let (mut a0, mut a1) = ([_mm256_setzero_ps(); N], [_mm256_setzero_ps(); N]);
         let mut i = 0;
         while i + 16 <= n {
             crate::dot::x86::prefetch_line(w.as_ptr(), i);
             let b = _mm_loadu_si128(w.as_ptr().add(i) as *const __m128i);
             let w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
             let w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));
-            a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x.as_ptr().add(i)), a0);
-            a1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x.as_ptr().add(i + 8)), a1);
+            for t in 0..N {
+                let x = xs[t].as_ptr();
+                a0[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x.add(i)), a0[t]);
+                a1[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x.add(i + 8)), a1[t]);
+            }
             i += 16;
         }
-        let mut s = crate::dot::hsum256(_mm256_add_ps(a0, a1));
-        while i < n {
-            s += w[i] as f32 * x[i];
-            i += 1;
+        let mut out = [0f32; N];
+        for t in 0..N {
+            let mut s = crate::dot::hsum256(_mm256_add_ps(a0[t], a1[t]));
+            for j in i..n {
+                s += w[j] as f32 * xs[t][j];
+            }
+            out[t] = s * scale;
         }
-        s * scale
+        out
+    }
+
+    /// [`super::rows_int8_tokens`] with up to four tokens per pass over a row.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn tokens_int8(
+        w: &[i8],
+        scales: &[f32],
+        in_dim: usize,
+        xs: &[&[f32]],
+        out: &mut [f32],
+    ) {
+        let tokens = xs.len();
+        let mut t = 0;
+        while t < tokens {
+            let left = tokens - t;
+            for (r, &scale) in scales.iter().enumerate() {
+                let row = &w[r * in_dim..(r + 1) * in_dim];
+                let o = &mut out[r * tokens + t..];
+                match left {
+                    1 => o[..1].copy_from_slice(&rows_int8_n::<1>(row, scale, [xs[t]])),
+                    2 => o[..2].copy_from_slice(&rows_int8_n::<2>(row, scale, [xs[t], xs[t + 1]])),
+                    3 => o[..3].copy_from_slice(&rows_int8_n::<3>(row, scale, [xs[t], xs[t + 1], xs[t + 2]])),
+                    _ => o[..4].copy_from_slice(&rows_int8_n::<4>(
+                        row,
+                        scale,
+                        [xs[t], xs[t + 1], xs[t + 2], xs[t + 3]],
+                    )),
+                }
+            }
+            t += left.min(4);
+        }
+    }
+}
+
+/// `out[i * T + t] = dot_int8(row i, scales[i], xs[t])` for the rows of `w` (`in_dim` wide)
+/// and the T tokens of `xs`, bit for bit what each token gets alone.
+pub fn rows_int8_tokens(w: &[i8], scales: &[f32], in_dim: usize, xs: &[&[f32]], out: &mut [f32]) {
+    let tokens = xs.len();
+    assert!(w.len() == scales.len() * in_dim && out.len() == scales.len() * tokens);
+    #[cfg(target_arch = "x86_64")]
+    if crate::dot::has_avx2_fma_f16c() {
+        // SAFETY: avx2 and fma were detected (the one-token kernel's condition).
+        return unsafe { x86::tokens_int8(w, scales, in_dim, xs, out) };
+    }
+    for (r, &scale) in scales.iter().enumerate() {
+        for (t, x) in xs.iter().enumerate() {
+            out[r * tokens + t] = dot_int8_reference(&w[r * in_dim..(r + 1) * in_dim], scale, x);
+        }
     }
 }
 

@@ -308,8 +308,8 @@ impl Linear {
     }
 
     /// `out[i * T + t] = row_dot_prepared(rows.start + i, x_t, prepared[t])` for the T tokens of
-    /// `xs` (T, in), the same values bit for bit. The 4-bit formats unpack each weight once for
-    /// several tokens; the others take the tokens one after the other.
+    /// `xs` (T, in), the same values bit for bit. The 4-bit and the dense formats decode each
+    /// weight once for several tokens; the others take the tokens one after the other.
     pub fn rows_dot_prepared_tokens(
         &self,
         rows: std::ops::Range<usize>,
@@ -320,6 +320,8 @@ impl Linear {
         let tokens = prepared.len();
         assert!(xs.len() == tokens * self.in_dim && out.len() == rows.len() * tokens);
         let x_of: Vec<&[f32]> = xs.chunks_exact(self.in_dim).collect();
+        let n = self.in_dim;
+        let span = rows.start * n..rows.end * n;
         let int_acts = |want_int4: bool| -> Option<Vec<Option<&intdot::IntAct>>> {
             prepared
                 .iter()
@@ -343,6 +345,12 @@ impl Linear {
                 if let Some(ps) = int_acts(false) {
                     return mxfp4::rows_mxfp4_tokens(packed, scales, &x_of, &ps, rows.start, out);
                 }
+            }
+            WeightData::F32(w) => return dot::rows_f32_tokens(&w[span], n, &x_of, out),
+            WeightData::Bf16(w) => return dot::rows_bf16_tokens(&w[span], n, &x_of, out),
+            WeightData::F16(w) => return dot::rows_f16_tokens(&w[span], n, &x_of, out),
+            WeightData::Int8 { w, scales } => {
+                return int8::rows_int8_tokens(&w[span], &scales[rows.clone()], n, &x_of, out)
             }
             _ => {}
         }
