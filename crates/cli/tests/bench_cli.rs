@@ -165,3 +165,49 @@ fn bench_counts_streamed_layers_reads() {
     assert_eq!(resident["streamed_layers"].as_u64(), Some(0));
     assert_eq!(num(&resident, "spine_bytes_per_token"), 0.0);
 }
+
+/// `--compute-only`: every expert is read into the cache before the prompt, so the timed tokens
+/// read nothing and hit every expert; the weight bytes the products touched per token are at
+/// least the routed experts' and come with the memory's bandwidth measured in the same run. A
+/// cache too small for every expert is refused with both sizes.
+#[test]
+fn compute_only_reads_nothing_while_timing_and_counts_the_weights_touched() {
+    let model = fixture("kimi-k2-tiny-int4");
+    let model = model.to_str().unwrap();
+    let (text, j) = bench(&["-m", model, "--tokens", "4", "--compute-only", "--json"]);
+    assert_eq!(num(&j, "bytes_read_per_token"), 0.0, "{text}");
+    assert_eq!(num(&j, "hit_rate"), 1.0, "{text}");
+    let c = &j["compute_only"];
+    let (touched, memory) = (num(c, "weight_bytes_per_token"), num(c, "memory_gbs"));
+    let config: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture("kimi-k2-tiny-int4").join("config.json")).unwrap(),
+    )
+    .unwrap();
+    let (k, moe_ffn, hidden) = (
+        config["num_experts_per_tok"].as_f64().unwrap(),
+        config["moe_intermediate_size"].as_f64().unwrap(),
+        config["hidden_size"].as_f64().unwrap(),
+    );
+    // At 4 bits, at least half a byte per weight of each routed expert's three matrices.
+    assert!(touched >= k * 3.0 * moe_ffn * hidden * 0.5, "{c}");
+    assert!(memory > 0.0 && num(c, "weights_gbs") > 0.0, "{c}");
+    assert!(text.contains("of the memory's read bandwidth"), "{text}");
+    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args([
+            "bench",
+            "-m",
+            model,
+            "--tokens",
+            "2",
+            "--compute-only",
+            "--expert-cache",
+            "1K",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--compute-only") && err.contains("GiB"),
+        "{err}"
+    );
+}

@@ -273,6 +273,41 @@ impl CachedStore {
         self.warmed_buffer_bytes()
     }
 
+    /// Reads every expert into the cache (`strata bench --compute-only`: tokens then read
+    /// nothing), telling `progress` (bytes so far, bytes in all) after each layer; an error
+    /// naming both sizes when the cache cannot hold them all.
+    pub fn load_all(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<(), BoxError> {
+        let s = &self.shared;
+        let total: u64 = s.plans.values().map(|p| p.bytes).sum();
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        let too_small = || {
+            format!(
+                "the experts take {:.2} GiB and the expert cache holds {:.2} GiB: every expert must fit \
+                 for --compute-only (raise --mem or --expert-cache)",
+                gib(total),
+                gib(s.budget as u64)
+            )
+        };
+        if total > s.budget as u64 {
+            return Err(too_small().into());
+        }
+        let mut layers: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for &(layer, e) in s.plans.keys() {
+            layers.entry(layer).or_default().push(e);
+        }
+        let mut done = 0;
+        for (layer, mut ids) in layers {
+            ids.sort_unstable();
+            self.get(layer, &ids)?;
+            done += ids.iter().map(|&e| s.plans[&(layer, e)].bytes).sum::<u64>();
+            progress(done, total);
+        }
+        if s.lru.lock().expect("cache lock").map.len() != s.plans.len() {
+            return Err(too_small().into());
+        }
+        Ok(())
+    }
+
     /// Bytes of decoded experts held now.
     pub fn cached_bytes(&self) -> usize {
         self.shared.lru.lock().expect("cache lock").bytes

@@ -22,7 +22,7 @@
 
 use std::time::Instant;
 
-use rayon::prelude::*;
+use strata_kernels::membw::stream_pass;
 use strata_kernels::{Linear, WeightData};
 
 struct Rand(u64);
@@ -48,44 +48,6 @@ fn env_count(name: &str, default: usize) -> usize {
 
 fn budget_bytes() -> usize {
     env_count("STRATA_BENCH_MIB", 768) << 20
-}
-
-/// One parallel read pass over a buffer far larger than the caches (the memory bandwidth bound);
-/// returns its seconds. The fastest plain read measured on this machine: 256-bit loads OR-ed into
-/// four accumulators, 256 KiB per task, no software prefetch (the hardware prefetcher alone
-/// streamed 10-14 % faster than with prefetches, and than the f32-add loop this bench used
-/// before, which the BF16 kernel outran).
-fn stream_pass(buf: &[f32]) -> f64 {
-    let t = Instant::now();
-    let sink = buf.par_chunks(1 << 16).map(read_chunk).reduce(|| 0, |a, b| a | b);
-    std::hint::black_box(sink);
-    t.elapsed().as_secs_f64()
-}
-
-fn read_chunk(c: &[f32]) -> u32 {
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") {
-        // SAFETY: avx2 was detected.
-        return unsafe { read_chunk_avx2(c) };
-    }
-    c.iter().fold(0, |a, v| a | v.to_bits())
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn read_chunk_avx2(c: &[f32]) -> u32 {
-    use std::arch::x86_64::*;
-    let (p, n) = (c.as_ptr() as *const __m256i, c.len() / 8);
-    let mut acc = [_mm256_setzero_si256(); 4];
-    let mut i = 0;
-    while i + 4 <= n {
-        for (k, a) in acc.iter_mut().enumerate() {
-            *a = _mm256_or_si256(*a, _mm256_loadu_si256(p.add(i + k)));
-        }
-        i += 4;
-    }
-    let a = _mm256_or_si256(_mm256_or_si256(acc[0], acc[1]), _mm256_or_si256(acc[2], acc[3]));
-    (_mm256_extract_epi32::<0>(a) | _mm256_extract_epi32::<7>(a)) as u32
 }
 
 fn make(format: &str, out: usize, inp: usize, rng: &mut Rand) -> Linear {

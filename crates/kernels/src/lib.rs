@@ -14,10 +14,11 @@ pub mod int4;
 pub mod int8;
 pub mod intdot;
 mod linear;
+pub mod membw;
 pub mod mxfp4;
 pub mod storage;
 
-pub use linear::{u16_vec_from_bytes, Linear, Prepared, WeightData};
+pub use linear::{u16_vec_from_bytes, weight_bytes_touched, Linear, Prepared, WeightData};
 pub use storage::{Owner, Pod, Storage};
 
 /// Number of threads the kernels may use (rayon's global pool, sized to the machine).

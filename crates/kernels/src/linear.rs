@@ -176,6 +176,15 @@ pub struct Linear {
     pub data: WeightData,
 }
 
+/// Weight bytes read by matrix products so far (each product counts its matrix once, whatever
+/// its number of tokens): what a token touches, for `strata bench --compute-only`.
+static WEIGHT_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Weight bytes every `matmul` so far has read (see [`Linear::matmul`]).
+pub fn weight_bytes_touched() -> u64 {
+    WEIGHT_BYTES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Below this many multiply-adds a product runs on the calling thread (thread hand-off costs more).
 const PARALLEL_MIN_WORK: usize = 1 << 17;
 const ROWS_PER_TASK: usize = 16;
@@ -373,6 +382,7 @@ impl Linear {
         assert_eq!(xs.len(), n_tokens * self.in_dim, "matmul input is not (T, in)");
         assert_eq!(ys.len(), n_tokens * self.out_dim, "matmul output is not (T, out)");
         let n = self.in_dim;
+        WEIGHT_BYTES.fetch_add(self.bytes() as u64, std::sync::atomic::Ordering::Relaxed);
         let prepared: Vec<Prepared> = xs.chunks_exact(n).map(|x| self.prepare(x)).collect();
         let work = self.out_dim * self.in_dim * n_tokens;
         if work < PARALLEL_MIN_WORK || crate::threads() == 1 {

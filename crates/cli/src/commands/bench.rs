@@ -52,6 +52,11 @@ pub struct BenchArgs {
     /// Disk bandwidth of the reference machine for --extrapolate-to, GB/s (a fast NVMe SSD).
     #[arg(long, default_value_t = 6.85)]
     reference_gbs: f64,
+    /// Read every expert into the cache before the prompt (the cache must hold them all), so
+    /// nothing is read while timing: the compute bound of a whole token, reported as weight
+    /// bytes touched per second next to the memory's read bandwidth measured in the same run.
+    #[arg(long)]
+    compute_only: bool,
 }
 
 /// What the run measured, projected to a deeper model of the same shape.
@@ -90,10 +95,17 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         let (bytes, s) = store.raw_read_bandwidth(args.raw_samples, probe_seed())?;
         Ok(bytes as f64 / s)
     };
+    if args.compute_only {
+        load_every_expert(&store)?;
+    }
     let raw_before = raw()?;
     // Streamed layers are read ahead across token boundaries: a probe between tokens would share
     // the disk with those reads, and the reads it waited for would leave the token's time.
-    let raw_probe = if engine.spine.is_some() { 0 } else { args.raw_probe };
+    let raw_probe = if engine.spine.is_some() || args.compute_only {
+        0
+    } else {
+        args.raw_probe
+    };
 
     let vocab = engine.model.info().vocab_size as u32;
     let mut rng = strata_runtime::Rng::new(seed);
@@ -120,6 +132,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         phases: PHASES.snapshot(),
         asked: st.predicted_asked.load(Ordering::Relaxed),
         right: st.predicted_right.load(Ordering::Relaxed),
+        weights: strata_kernels::weight_bytes_touched(),
     };
     let bar = ProgressBar::new((args.tokens) as u64);
     bar.set_style(
@@ -156,6 +169,9 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         spine.wait_idle();
     }
     let raw_after = raw()?;
+    let compute = args
+        .compute_only
+        .then(|| ComputeFigures::measure(&before, &marks, request.prompt.len()));
     let prefill_s = (marks[0].0.at - t0).as_secs_f64();
     let prefill_stats = marks[0].0.store;
     // Token i runs from token i-1's next start to its own end; its disk rate is the mean of the
@@ -234,6 +250,9 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         "prefill               {} tokens in {prefill_s:.2} s",
         request.prompt.len()
     );
+    if let Some(c) = &compute {
+        c.print();
+    }
     println!(
         "decode                {:.3} s/token ({:.2} tok/s) over {steps} tokens",
         per_token_s,
@@ -390,9 +409,89 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         if let (Some(b), serde_json::Value::Object(m)) = (body.as_object_mut(), prefetch_figures) {
             b.extend(m);
         }
+        body["compute_only"] = serde_json::json!(compute.as_ref().map(ComputeFigures::json));
         println!("{}", serde_json::to_string(&body)?);
     }
     Ok(())
+}
+
+/// `--compute-only`: every expert read into the cache first, with a progress bar.
+fn load_every_expert(store: &strata_experts::CachedStore) -> Result<()> {
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "reading every expert into the cache {bar:40} {bytes}/{total_bytes} {bytes_per_sec}",
+        )
+        .expect("progress template"),
+    );
+    store
+        .load_all(&mut |done, total| {
+            bar.set_length(total);
+            bar.set_position(done);
+        })
+        .map_err(|e| anyhow::anyhow!("--compute-only: {e}"))?;
+    bar.finish_and_clear();
+    Ok(())
+}
+
+/// `--compute-only`: weight bytes the products touched, against the memory's read bandwidth.
+struct ComputeFigures {
+    prefill_tokens_per_s: f64,
+    prefill_weight_bytes: f64,
+    weight_bytes_per_token: f64,
+    decode_s_per_token: f64,
+    memory_bps: f64,
+}
+
+impl ComputeFigures {
+    /// From the marks before the prompt, at the first token and at the last, and the memory's
+    /// bandwidth measured now (a buffer of 1 GiB, best of 3 passes, the kernels' threads).
+    fn measure(before: &Mark, marks: &[(Mark, Option<f64>, Mark)], prompt_tokens: usize) -> ComputeFigures {
+        let (first, last) = (&marks[0].0, &marks[marks.len() - 1].0);
+        let prompt_s = (first.at - before.at).as_secs_f64();
+        let steps = (marks.len() - 1).max(1) as f64;
+        ComputeFigures {
+            prefill_tokens_per_s: prompt_tokens as f64 / prompt_s.max(1e-9),
+            prefill_weight_bytes: (first.weights - before.weights) as f64,
+            weight_bytes_per_token: (last.weights - first.weights) as f64 / steps,
+            decode_s_per_token: (last.at - first.at).as_secs_f64() / steps,
+            memory_bps: strata_kernels::membw::read_bandwidth(1 << 30, 3),
+        }
+    }
+
+    fn weights_bps(&self) -> f64 {
+        self.weight_bytes_per_token / self.decode_s_per_token.max(1e-12)
+    }
+
+    fn print(&self) {
+        println!(
+            "compute only          every expert in the cache, nothing read; memory reads {:.1} GB/s ({} threads, 1 GiB, best of 3)",
+            self.memory_bps / 1e9,
+            strata_kernels::threads()
+        );
+        println!(
+            "compute prefill       {:.1} tokens/s ({:.2} GB of weights touched)",
+            self.prefill_tokens_per_s,
+            self.prefill_weight_bytes / 1e9
+        );
+        println!(
+            "compute decode        {:.3} GB of weights per token at {:.1} GB/s = {:.0} % of the memory's read bandwidth",
+            self.weight_bytes_per_token / 1e9,
+            self.weights_bps() / 1e9,
+            100.0 * self.weights_bps() / self.memory_bps
+        );
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "memory_gbs": self.memory_bps / 1e9,
+            "prefill_tokens_per_s": self.prefill_tokens_per_s,
+            "prefill_weight_bytes": self.prefill_weight_bytes,
+            "weight_bytes_per_token": self.weight_bytes_per_token,
+            "weights_gbs": self.weights_bps() / 1e9,
+            "weights_over_memory": self.weights_bps() / self.memory_bps,
+        })
+    }
 }
 
 /// The counters at one moment of the run.
@@ -402,6 +501,8 @@ struct Mark {
     phases: [u64; 2],
     asked: u64,
     right: u64,
+    /// Weight bytes the matrix products have read so far.
+    weights: u64,
 }
 
 /// What happened between two marks (one token, or the whole decode).
