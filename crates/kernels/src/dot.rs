@@ -62,12 +62,11 @@ pub fn bf16_to_f32(bits: u16) -> f32 {
     f32::from_bits((bits as u32) << 16)
 }
 
-/// Whether the AVX2 kernels can run (they use AVX2, FMA and F16C).
+/// Whether the AVX2 kernels may run (the CPU has AVX2, FMA and F16C, and `STRATA_ISA` does not
+/// ask for the scalar twins).
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn has_avx2_fma_f16c() -> bool {
-    std::is_x86_feature_detected!("avx2")
-        && std::is_x86_feature_detected!("fma")
-        && std::is_x86_feature_detected!("f16c")
+    crate::isa::isa() >= crate::isa::Isa::Avx2
 }
 
 /// How far ahead of the bytes being multiplied the SIMD kernels prefetch a row's weights. With
@@ -82,39 +81,50 @@ pub(crate) fn tree8(a: [f32; 8]) -> f32 {
     ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]))
 }
 
+/// The variant of one-token product `isa()` picks.
+macro_rules! pick {
+    ($avx512:path, $avx2:path, $reference:path) => {{
+        #[cfg(target_arch = "x86_64")]
+        match crate::isa::isa() {
+            crate::isa::Isa::Avx512 => return $avx512,
+            crate::isa::Isa::Avx2 => return $avx2,
+            crate::isa::Isa::Scalar => {}
+        }
+        $reference
+    }};
+}
+pub(crate) use pick;
+
 pub fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
     static IMPL: OnceLock<DotF32> = OnceLock::new();
     (IMPL.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-            return x86::dot_f32_avx2_entry;
-        }
-        dot_f32_reference
+        pick!(
+            crate::avx512::dot_f32_entry,
+            x86::dot_f32_avx2_entry,
+            dot_f32_reference
+        )
     }))(w, x)
 }
 
 pub fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
     static IMPL: OnceLock<DotU16> = OnceLock::new();
     (IMPL.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-            return x86::dot_bf16_avx2_entry;
-        }
-        dot_bf16_reference
+        pick!(
+            crate::avx512::dot_bf16_entry,
+            x86::dot_bf16_avx2_entry,
+            dot_bf16_reference
+        )
     }))(w, x)
 }
 
 pub fn dot_f16(w: &[u16], x: &[f32]) -> f32 {
     static IMPL: OnceLock<DotU16> = OnceLock::new();
     (IMPL.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        if std::is_x86_feature_detected!("avx2")
-            && std::is_x86_feature_detected!("fma")
-            && std::is_x86_feature_detected!("f16c")
-        {
-            return x86::dot_f16_avx2_entry;
-        }
-        dot_f16_reference
+        pick!(
+            crate::avx512::dot_f16_entry,
+            x86::dot_f16_avx2_entry,
+            dot_f16_reference
+        )
     }))(w, x)
 }
 
@@ -123,15 +133,20 @@ pub fn dot_f16(w: &[u16], x: &[f32]) -> f32 {
 /// multiplies each weight vector into up to four tokens per load; the scalar one runs the
 /// reference per token.
 macro_rules! tokens_entry {
-    ($name:ident, $elem:ty, $reference:ident, $simd:ident, $detect:expr) => {
+    ($name:ident, $elem:ty, $reference:ident, $simd:ident, $simd512:ident) => {
         pub fn $name(w: &[$elem], in_dim: usize, xs: &[&[f32]], out: &mut [f32]) {
             let tokens = xs.len();
             assert!(in_dim > 0 && w.len().is_multiple_of(in_dim));
             assert_eq!(out.len(), w.len() / in_dim * tokens);
             #[cfg(target_arch = "x86_64")]
-            if $detect {
-                // SAFETY: the features the kernel needs were detected.
-                return unsafe { x86::$simd(w, in_dim, xs, out) };
+            match crate::isa::isa() {
+                // SAFETY: `isa()` found the features each kernel needs.
+                crate::isa::Isa::Avx512 => {
+                    return unsafe { crate::avx512::$simd512(w, None, in_dim, xs, out) }
+                }
+                // SAFETY: as above.
+                crate::isa::Isa::Avx2 => return unsafe { x86::$simd(w, in_dim, xs, out) },
+                crate::isa::Isa::Scalar => {}
             }
             for (row, o) in w.chunks_exact(in_dim).zip(out.chunks_exact_mut(tokens)) {
                 for (v, x) in o.iter_mut().zip(xs) {
@@ -142,32 +157,15 @@ macro_rules! tokens_entry {
     };
 }
 
-#[cfg(target_arch = "x86_64")]
-fn has_avx2_fma() -> bool {
-    std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
-}
-
-tokens_entry!(
-    rows_f32_tokens,
-    f32,
-    dot_f32_reference,
-    tokens_f32,
-    has_avx2_fma()
-);
+tokens_entry!(rows_f32_tokens, f32, dot_f32_reference, tokens_f32, tokens_f32);
 tokens_entry!(
     rows_bf16_tokens,
     u16,
     dot_bf16_reference,
     tokens_bf16,
-    has_avx2_fma()
+    tokens_bf16
 );
-tokens_entry!(
-    rows_f16_tokens,
-    u16,
-    dot_f16_reference,
-    tokens_f16,
-    has_avx2_fma_f16c()
-);
+tokens_entry!(rows_f16_tokens, u16, dot_f16_reference, tokens_f16, tokens_f16);
 
 /// Horizontal sum of an AVX register, in the same order as [`tree8`].
 #[cfg(target_arch = "x86_64")]

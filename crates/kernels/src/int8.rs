@@ -50,11 +50,11 @@ type DotInt8 = fn(&[i8], f32, &[f32]) -> f32;
 pub fn dot_int8(w: &[i8], scale: f32, x: &[f32]) -> f32 {
     static IMPL: OnceLock<DotInt8> = OnceLock::new();
     (IMPL.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        if crate::dot::has_avx2_fma_f16c() {
-            return x86::dot_int8_avx2_entry;
-        }
-        dot_int8_reference
+        crate::dot::pick!(
+            crate::avx512::dot_int8_entry,
+            x86::dot_int8_avx2_entry,
+            dot_int8_reference
+        )
     }))(w, scale, x)
 }
 
@@ -144,9 +144,14 @@ pub fn rows_int8_tokens(w: &[i8], scales: &[f32], in_dim: usize, xs: &[&[f32]], 
     let tokens = xs.len();
     assert!(w.len() == scales.len() * in_dim && out.len() == scales.len() * tokens);
     #[cfg(target_arch = "x86_64")]
-    if crate::dot::has_avx2_fma_f16c() {
-        // SAFETY: avx2 and fma were detected (the one-token kernel's condition).
-        return unsafe { x86::tokens_int8(w, scales, in_dim, xs, out) };
+    match crate::isa::isa() {
+        // SAFETY: `isa()` found the features each kernel needs (the one-token kernel's choice).
+        crate::isa::Isa::Avx512 => {
+            return unsafe { crate::avx512::tokens_i8(w, Some(scales), in_dim, xs, out) }
+        }
+        // SAFETY: as above.
+        crate::isa::Isa::Avx2 => return unsafe { x86::tokens_int8(w, scales, in_dim, xs, out) },
+        crate::isa::Isa::Scalar => {}
     }
     for (r, &scale) in scales.iter().enumerate() {
         for (t, x) in xs.iter().enumerate() {

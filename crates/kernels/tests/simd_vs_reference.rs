@@ -498,3 +498,65 @@ fn several_tokens_equal_each_token_alone_in_every_format() {
         }
     }
 }
+
+/// The kernels in use are the best the CPU has (unless `STRATA_ISA` asks for less); the run's
+/// log says which, so a pasted run shows what it tested.
+#[test]
+fn the_best_kernels_the_cpu_has_are_in_use() {
+    let (used, best) = (strata_kernels::isa::isa(), strata_kernels::isa::detected());
+    eprintln!(
+        "kernels in use: {} (the CPU's best: {})",
+        used.name(),
+        best.name()
+    );
+    if std::env::var("STRATA_ISA").is_err() {
+        assert_eq!(used, best);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx512_kernels_equal_their_scalar_twins() {
+    use strata_kernels::avx512;
+    if strata_kernels::isa::detected() < strata_kernels::isa::Isa::Avx512 {
+        eprintln!("no AVX-512 F on this CPU: its kernels are tested where it exists");
+        return;
+    }
+    let mut rng = Rand(0x5120_0000_2026_1201);
+    for case in 0..400 {
+        let n = 1 + rng.below(1100);
+        let x = rng.vec(n);
+        let wf = rng.vec(n);
+        let tol = bound(&wf, &x) + 1e-6;
+        let label = |k: &str| format!("case {case}: {k} n={n}");
+        assert_close(
+            &label("f32"),
+            avx512::dot_f32_entry(&wf, &x),
+            dot::dot_f32_reference(&wf, &x) as f64,
+            tol,
+        );
+        let wb: Vec<u16> = wf.iter().map(|v| half::bf16::from_f32(*v).to_bits()).collect();
+        assert_close(
+            &label("bf16"),
+            avx512::dot_bf16_entry(&wb, &x),
+            dot::dot_bf16_reference(&wb, &x) as f64,
+            tol,
+        );
+        let wh: Vec<u16> = wf.iter().map(|v| half::f16::from_f32(*v).to_bits()).collect();
+        assert_close(
+            &label("f16"),
+            avx512::dot_f16_entry(&wh, &x),
+            dot::dot_f16_reference(&wh, &x) as f64,
+            tol,
+        );
+        let wq: Vec<i8> = wf.iter().map(|v| (v * 127.0).round() as i8).collect();
+        let scale = 0.01 + rng.f32().abs();
+        let wq_f: Vec<f32> = wq.iter().map(|&q| q as f32 * scale).collect();
+        assert_close(
+            &label("int8"),
+            avx512::dot_int8_entry(&wq, scale, &x),
+            int8::dot_int8_reference(&wq, scale, &x) as f64,
+            bound(&wq_f, &x) + 1e-6,
+        );
+    }
+}

@@ -1,0 +1,58 @@
+//! Which SIMD kernels run: the best the CPU has, chosen once. `STRATA_ISA=avx512|avx2|scalar`
+//! asks for a lesser one (to compare variants side by side on one machine); a request for one
+//! the CPU lacks falls back to the best it has. Every product of a process uses the same choice,
+//! so a sequence's sums never depend on which kernel a batch size picked.
+
+use std::sync::OnceLock;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Isa {
+    /// The scalar reference twins.
+    Scalar,
+    /// x86-64 AVX2 + FMA + F16C.
+    Avx2,
+    /// x86-64 AVX-512 F (with AVX2 + FMA + F16C) for the dense and INT8 formats; the others keep
+    /// their AVX2 kernels.
+    Avx512,
+}
+
+impl Isa {
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+        }
+    }
+}
+
+/// The best the CPU has.
+pub fn detected() -> Isa {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let avx2 = std::is_x86_feature_detected!("avx2")
+            && std::is_x86_feature_detected!("fma")
+            && std::is_x86_feature_detected!("f16c");
+        if avx2 && std::is_x86_feature_detected!("avx512f") {
+            return Isa::Avx512;
+        }
+        if avx2 {
+            return Isa::Avx2;
+        }
+    }
+    Isa::Scalar
+}
+
+/// The kernels in use (see the module's note on `STRATA_ISA`).
+pub fn isa() -> Isa {
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    *ISA.get_or_init(|| {
+        let best = detected();
+        let asked = match std::env::var("STRATA_ISA").ok().as_deref() {
+            Some("scalar") => Isa::Scalar,
+            Some("avx2") => Isa::Avx2,
+            _ => best,
+        };
+        asked.min(best)
+    })
+}
