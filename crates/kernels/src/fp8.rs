@@ -64,112 +64,86 @@ pub fn dot_fp8(w: &[u8], scales: &[f32], block: usize, x: &[f32]) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 pub mod x86 {
-    //! AVX2+FMA: an E4M3 byte sign-extended and shifted into f32's bit positions is the same
-    //! value times 2^-120 (normals and subnormals alike), 8 at a time with three instructions.
+    //! AVX2+FMA+F16C: an E4M3 byte sign-extended to 16 bits and shifted is an F16 of the same
+    //! digits at 2^-8 of the value, which F16C widens to f32, 8 at a time.
     use std::arch::x86_64::*;
 
     pub fn dot_fp8_avx2_entry(w: &[u8], scales: &[f32], block: usize, x: &[f32]) -> f32 {
-        // SAFETY: selected only when avx2 and fma were detected.
+        // SAFETY: selected only when avx2, fma and f16c were detected.
         unsafe { dot_fp8_avx2(w, scales, block, x) }
     }
 
-    /// 8 E4M3 bytes -> 8 f32 at 2^-120 of their value: sign-extended to 32 bits, shifted so the
-    /// 7 magnitude bits land on f32's exponent + top mantissa bits (E4M3's exponent field is
-    /// then f32's, whose bias is 120 larger), the copies of the sign above bit 26 cleared but
-    /// bit 31. Exact for every code: subnormal codes become f32 subnormals of the same digits.
-    /// Without a prepared activation the weights are brought back by 2^120 (exact) before they
-    /// multiply, so no product lands among f32's subnormals.
+    /// The sign to bit 15 and the 7 exponent-and-mantissa bits to bits 13..7 of sign-extended
+    /// bytes: F16 bits whose exponent field is E4M3's (F16's bias is 8 larger), so the value
+    /// times 2^-8, exact for every code. E4M3's subnormals land on F16 subnormals, which widen
+    /// to normal f32: no product takes an f32 subnormal (each costs an Intel core a microcode
+    /// assist: decoding E4M3 straight into f32's exponent, whose subnormal codes stay
+    /// subnormal, ran at 6 % of the memory's rate on a Xeon).
+    const F16_MASK: i16 = 0xBF80u16 as i16;
+
+    /// 8 E4M3 bytes -> 8 f32 at 2^-8 of their value.
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn decode8<const PREPARED: bool>(p: *const u8) -> __m256 {
-        let v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i));
-        let bits = _mm256_and_si256(_mm256_slli_epi32(v, 20), _mm256_set1_epi32(0x87f0_0000u32 as i32));
-        let w = _mm256_castsi256_ps(bits);
-        if PREPARED {
-            w
-        } else {
-            _mm256_mul_ps(w, _mm256_set1_ps(f32::from_bits((127 + 120) << 23)))
-        }
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn decode8(p: *const u8) -> __m256 {
+        let v = _mm_cvtepi8_epi16(_mm_loadl_epi64(p as *const __m128i));
+        _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16::<7>(v), _mm_set1_epi16(F16_MASK)))
     }
 
-    /// 32 E4M3 bytes -> four vectors of 8 f32 at 2^-120 of their value (as [`decode8`]): inputs
-    /// 4j, 4j + 1, 4j + 2 and 4j + 3 of the 32 (j = 0..8), the order of `super::prepare`. A
-    /// 16-bit arithmetic shift by 4 puts the high byte of each 16-bit lane on f32's exponent and
-    /// top mantissa bits with its sign on bit 31, the other byte does the same after a shift
-    /// left by 8, and a 32-bit shift by 16 brings each low half up; one mask then keeps sign,
-    /// exponent and mantissa bits. Nine integer operations for 32 weights, no shuffles.
+    /// 32 E4M3 bytes -> four vectors of 8 f32 at 2^-8 of their value, in input order.
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn decode32(p: *const u8) -> [__m256; 4] {
-        let v = _mm256_loadu_si256(p as *const __m256i);
-        let m = _mm256_set1_epi32(0x87f0_0000u32 as i32);
-        let odd = _mm256_srai_epi16(v, 4); // input 4j + 3 in the high half, 4j + 1 in the low
-        let even = _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 4); // 4j + 2 high, 4j low
+        let m = _mm256_set1_epi16(F16_MASK);
+        let half = |q: *const u8| {
+            let v = _mm256_cvtepi8_epi16(_mm_loadu_si128(q as *const __m128i));
+            _mm256_and_si256(_mm256_slli_epi16::<7>(v), m)
+        };
+        let (h0, h1) = (half(p), half(p.add(16)));
         [
-            _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(even, 16), m)),
-            _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(odd, 16), m)),
-            _mm256_castsi256_ps(_mm256_and_si256(even, m)),
-            _mm256_castsi256_ps(_mm256_and_si256(odd, m)),
+            _mm256_cvtph_ps(_mm256_castsi256_si128(h0)),
+            _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(h0)),
+            _mm256_cvtph_ps(_mm256_castsi256_si128(h1)),
+            _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(h1)),
         ]
     }
 
-    /// `super::prepare`: each whole 32 inputs as eight rows of four (rows j and j + 4 in the two
-    /// 128-bit lanes of one vector), transposed within each lane, so vector k holds inputs 4j + k.
+    /// `super::prepare`: x times `X_FACTOR`.
     ///
     /// # Safety
     /// The CPU must have AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn prepare_avx2(x: &[f32]) -> Vec<f32> {
         let n = x.len();
-        let whole = n / super::CHUNK * super::CHUNK;
         let mut xs = vec![0f32; n];
         let f = _mm256_set1_ps(super::X_FACTOR);
-        for c in (0..whole).step_by(super::CHUNK) {
-            let p = x.as_ptr().add(c);
-            let r = [
-                _mm256_loadu2_m128(p.add(16), p),
-                _mm256_loadu2_m128(p.add(20), p.add(4)),
-                _mm256_loadu2_m128(p.add(24), p.add(8)),
-                _mm256_loadu2_m128(p.add(28), p.add(12)),
-            ];
-            let (t0, t1) = (_mm256_unpacklo_ps(r[0], r[1]), _mm256_unpacklo_ps(r[2], r[3]));
-            let (t2, t3) = (_mm256_unpackhi_ps(r[0], r[1]), _mm256_unpackhi_ps(r[2], r[3]));
-            let out = [
-                _mm256_shuffle_ps::<0x44>(t0, t1),
-                _mm256_shuffle_ps::<0xee>(t0, t1),
-                _mm256_shuffle_ps::<0x44>(t2, t3),
-                _mm256_shuffle_ps::<0xee>(t2, t3),
-            ];
-            for (k, v) in out.iter().enumerate() {
-                _mm256_storeu_ps(xs.as_mut_ptr().add(c + 8 * k), _mm256_mul_ps(*v, f));
-            }
+        let mut i = 0;
+        while i + 8 <= n {
+            _mm256_storeu_ps(
+                xs.as_mut_ptr().add(i),
+                _mm256_mul_ps(_mm256_loadu_ps(x.as_ptr().add(i)), f),
+            );
+            i += 8;
         }
-        for i in whole..n {
-            xs[i] = x[i] * super::X_FACTOR;
+        for j in i..n {
+            xs[j] = x[j] * super::X_FACTOR;
         }
         xs
     }
 
     /// 32 weights at `wp` times their 32 inputs at `xp` into the four accumulators.
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn chunk32<const PREPARED: bool>(wp: *const u8, xp: *const f32, acc: &mut [__m256; 4]) {
-        if PREPARED {
-            let wk = decode32(wp);
-            for k in 0..4 {
-                acc[k] = _mm256_fmadd_ps(wk[k], _mm256_loadu_ps(xp.add(8 * k)), acc[k]);
-            }
-        } else {
-            for k in 0..4 {
-                let wk = decode8::<PREPARED>(wp.add(8 * k));
-                acc[k] = _mm256_fmadd_ps(wk, _mm256_loadu_ps(xp.add(8 * k)), acc[k]);
-            }
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn chunk32(wp: *const u8, xp: *const f32, acc: &mut [__m256; 4]) {
+        let wk = decode32(wp);
+        for k in 0..4 {
+            acc[k] = _mm256_fmadd_ps(wk[k], _mm256_loadu_ps(xp.add(8 * k)), acc[k]);
         }
     }
 
     /// One row with its block scales: each block's four chains are summed and scaled at the
-    /// block's end (the path of blocks that are not a multiple of 32, and of `row_dot`).
-    #[target_feature(enable = "avx2,fma")]
+    /// block's end, the 2^8 the decode lacks with the scale (the path of blocks that are not a
+    /// multiple of 32, and of `row_dot`).
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot_fp8_avx2(w: &[u8], scales: &[f32], block: usize, x: &[f32]) -> f32 {
         assert!(w.len() == x.len() && scales.len() * block >= w.len());
         let n = w.len();
@@ -186,25 +160,26 @@ pub mod x86 {
             // 64 bytes (one line, one prefetch) per step while they last, then 32.
             while i + 64 <= end {
                 crate::dot::x86::prefetch(w.as_ptr().add(i));
-                chunk32::<false>(w.as_ptr().add(i), x.as_ptr().add(i), &mut acc);
-                chunk32::<false>(w.as_ptr().add(i + 32), x.as_ptr().add(i + 32), &mut acc);
+                chunk32(w.as_ptr().add(i), x.as_ptr().add(i), &mut acc);
+                chunk32(w.as_ptr().add(i + 32), x.as_ptr().add(i + 32), &mut acc);
                 i += 64;
             }
             if i + 32 <= end {
-                chunk32::<false>(w.as_ptr().add(i), x.as_ptr().add(i), &mut acc);
+                chunk32(w.as_ptr().add(i), x.as_ptr().add(i), &mut acc);
                 i += 32;
             }
             while i + 8 <= end {
-                let wk = decode8::<false>(w.as_ptr().add(i));
+                let wk = decode8(w.as_ptr().add(i));
                 acc[0] = _mm256_fmadd_ps(wk, _mm256_loadu_ps(x.as_ptr().add(i)), acc[0]);
                 i += 8;
             }
             let sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
             let scale = scales[b];
+            let undo = _mm256_set1_ps(scale * super::X_FACTOR);
             if b % 2 == 0 {
-                total0 = _mm256_fmadd_ps(sum, _mm256_set1_ps(scale), total0);
+                total0 = _mm256_fmadd_ps(sum, undo, total0);
             } else {
-                total1 = _mm256_fmadd_ps(sum, _mm256_set1_ps(scale), total1);
+                total1 = _mm256_fmadd_ps(sum, undo, total1);
             }
             let mut s = 0f32;
             while i < end {
@@ -243,9 +218,8 @@ pub mod x86 {
 
     /// One row against an activation that carries the block scales already (`xs` from
     /// `super::scale_activation`): no step per block, one long run of eight chains (two FMAs
-    /// in flight per pipe). Products come out at 2^-56 of their value (weights at 2^-120, `xs`
-    /// at 2^64), brought back at the end.
-    #[target_feature(enable = "avx2,fma")]
+    /// in flight per pipe). The decoded weights' 2^-8 and the activation's 2^8 cancel.
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot_fp8_scaled_avx2(w: &[u8], xs: &[f32]) -> f32 {
         assert_eq!(w.len(), xs.len());
         let n = w.len();
@@ -256,17 +230,16 @@ pub mod x86 {
         // 64 bytes (one line, one prefetch) per step while they last, then 32.
         while i + 64 <= n {
             crate::dot::x86::prefetch(wp.add(i));
-            chunk32::<true>(wp.add(i), xp.add(i), &mut lo);
-            chunk32::<true>(wp.add(i + 32), xp.add(i + 32), &mut hi);
+            chunk32(wp.add(i), xp.add(i), &mut lo);
+            chunk32(wp.add(i + 32), xp.add(i + 32), &mut hi);
             i += 64;
         }
         if i + 32 <= n {
-            chunk32::<true>(wp.add(i), xp.add(i), &mut lo);
+            chunk32(wp.add(i), xp.add(i), &mut lo);
             i += 32;
         }
-        // Past the last whole 32 of the row `xs` is in input order.
         while i + 8 <= n {
-            let wk = decode8::<true>(wp.add(i));
+            let wk = decode8(wp.add(i));
             hi[0] = _mm256_fmadd_ps(wk, _mm256_loadu_ps(xp.add(i)), hi[0]);
             i += 8;
         }
@@ -279,22 +252,15 @@ pub mod x86 {
         for k in 0..4 {
             sum = _mm256_add_ps(sum, _mm256_add_ps(lo[k], hi[k]));
         }
-        (crate::dot::hsum256(sum) + tail) * super::UNDO
+        crate::dot::hsum256(sum) + tail
     }
 }
 
-/// Factor of the activation prepared for [`rows_fp8_prepared`]: 2^64 (exact; no f32 activation
-/// comes near 2^64 of range from overflow).
-const X_FACTOR: f32 = 18446744073709551616.0;
+/// Factor of the activation prepared for [`rows_fp8_prepared`]: 2^8 (exact), what the SIMD
+/// decode's weights (the value times 2^-8, see `x86::F16_MASK`) lack.
+const X_FACTOR: f32 = 256.0;
 
-/// Inputs the prepared activation reorders together.
-const CHUNK: usize = 32;
-
-/// The activation for [`rows_fp8_prepared`]: x times 2^64, so that the kernel's decoded weights
-/// (the true value times 2^-120, see `x86::dot_fp8_scaled_avx2`) multiply to products at 2^-56 of their
-/// value, far from f32's subnormals. Each whole 32 inputs are stored by stride 4 (position
-/// 8k + j holds input 4j + k), the order in which the kernel decodes 32 weight bytes; the last
-/// partial 32 stays in order.
+/// The activation for [`rows_fp8_prepared`]: x times 2^8, in input order.
 pub fn prepare(x: &[f32]) -> Vec<f32> {
     #[cfg(target_arch = "x86_64")]
     if crate::dot::has_avx2_fma_f16c() {
@@ -306,28 +272,16 @@ pub fn prepare(x: &[f32]) -> Vec<f32> {
 
 /// Scalar twin of [`prepare`]'s SIMD variant (the same values, bit for bit).
 pub fn prepare_reference(x: &[f32]) -> Vec<f32> {
-    let mut xs = Vec::with_capacity(x.len());
-    for c in x.chunks(CHUNK) {
-        if c.len() == CHUNK {
-            xs.extend((0..CHUNK).map(|p| c[4 * (p % 8) + p / 8] * X_FACTOR));
-        } else {
-            xs.extend(c.iter().map(|v| v * X_FACTOR));
-        }
-    }
-    xs
+    x.iter().map(|v| v * X_FACTOR).collect()
 }
 
-/// 2^56: the factor a product of a decoded weight (2^-120) and a prepared input (2^64) lacks.
-const UNDO: f32 = 72057594037927936.0;
-
-/// An E4M3 byte at 2^-120 of its value (the bits of the SIMD decode, one byte): exact.
+/// An E4M3 byte at 2^-8 of its value (the bits of the SIMD decode, one byte): exact.
 fn e4m3_scaled(b: u8) -> f32 {
-    f32::from_bits((((b as i8 as i32) << 20) as u32) & 0x87f0_0000)
+    half::f16::from_bits(((((b as i8) as i16) << 7) as u16) & 0xBF80).to_f32()
 }
 
 /// The prepared activation times the scale of each input's column block, for the rows of one
-/// row block (`scales`: that row block's scales, one per `block` inputs). The stride-4 order of
-/// [`prepare`] stays within whole 32s, and so within blocks that are multiples of 32.
+/// row block (`scales`: that row block's scales, one per `block` inputs).
 pub fn scale_activation(xs: &[f32], scales: &[f32], block: usize, out: &mut Vec<f32>) {
     out.resize(xs.len(), 0.0);
     #[cfg(target_arch = "x86_64")]
@@ -347,13 +301,14 @@ pub fn scale_activation_reference(xs: &[f32], scales: &[f32], block: usize, out:
     }
 }
 
-/// Whether rows take the scaled-activation kernel: AVX2 and blocks that are whole 32s.
+/// Whether rows take the scaled-activation kernel (the SIMD one; any block width, the
+/// activation being in input order).
 fn scaled_path(block: usize) -> bool {
+    let _ = block;
     #[cfg(target_arch = "x86_64")]
     if crate::dot::has_avx2_fma_f16c() {
-        return block.is_multiple_of(CHUNK);
+        return true;
     }
-    let _ = block;
     false
 }
 
@@ -481,9 +436,8 @@ mod tests {
             let bits = |v: Vec<f32>| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             let want = prepare_reference(&x);
             assert_eq!(bits(prepare(&x)), bits(want.clone()), "n = {n}");
-            // Position 8k + j of each whole 32 is input 4j + k.
             if n >= 32 {
-                assert_eq!(want[8 + 2], x[4 * 2 + 1] * X_FACTOR);
+                assert_eq!(want[10], x[10] * X_FACTOR);
             }
         }
     }
@@ -523,5 +477,19 @@ mod tests {
         assert_eq!(e4m3_to_f32(0x01), 2f32.powi(-9)); // smallest subnormal
         assert_eq!(e4m3_to_f32(0xb8), -1.0);
         assert!(e4m3_to_f32(0x7f).is_nan());
+    }
+
+    /// The SIMD decode's one-byte twin is every finite code's value times 2^-8, subnormal codes
+    /// included (as normal f32: no product takes an f32 subnormal).
+    #[test]
+    fn the_scaled_decode_is_exact_and_never_subnormal() {
+        for b in 0..=255u8 {
+            if e4m3_to_f32(b).is_nan() {
+                continue;
+            }
+            let v = e4m3_scaled(b);
+            assert_eq!(v, e4m3_to_f32(b) / 256.0, "code {b:#04x}");
+            assert!(v == 0.0 || v.is_normal(), "code {b:#04x}: {v}");
+        }
     }
 }
