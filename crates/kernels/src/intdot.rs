@@ -420,6 +420,26 @@ pub mod x86 {
         acts: &[&IntAct],
         out: &mut [f32],
     ) {
+        let vnni = crate::isa::has_avx512_vnni();
+        dot_rows_with(vnni, packed, row_bytes, scales, scales_per_row, lut, acts, out)
+    }
+
+    /// [`dot_rows_avx2`] with its VNNI step (`vnni`) or without: the same bits either way.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA, and with `vnni` AVX-512 F, VL and VNNI.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot_rows_with(
+        vnni: bool,
+        packed: &[u8],
+        row_bytes: usize,
+        scales: Scales,
+        scales_per_row: usize,
+        lut: Option<&[u8; 16]>,
+        acts: &[&IntAct],
+        out: &mut [f32],
+    ) {
         let tokens = acts.len();
         assert!(tokens > 0 && out.len().is_multiple_of(tokens));
         let (blocks, rows) = (acts[0].blocks.len(), out.len() / tokens);
@@ -429,13 +449,19 @@ pub mod x86 {
         );
         let (kind, shift, sp, scale_row) = scales.raw(blocks, rows, scales_per_row);
         let p = packed.as_ptr();
-        let rows_of = match (lut.is_some(), kind) {
-            (false, 0) => rows_of::<false, 0>,
-            (false, 1) => rows_of::<false, 1>,
-            (false, _) => rows_of::<false, 2>,
-            (true, 0) => rows_of::<true, 0>,
-            (true, 1) => rows_of::<true, 1>,
-            (true, _) => rows_of::<true, 2>,
+        let rows_of = match (vnni, lut.is_some(), kind) {
+            (false, false, 0) => rows_of::<false, 0>,
+            (false, false, 1) => rows_of::<false, 1>,
+            (false, false, _) => rows_of::<false, 2>,
+            (false, true, 0) => rows_of::<true, 0>,
+            (false, true, 1) => rows_of::<true, 1>,
+            (false, true, _) => rows_of::<true, 2>,
+            (true, false, 0) => rows_of_vnni::<false, 0>,
+            (true, false, 1) => rows_of_vnni::<false, 1>,
+            (true, false, _) => rows_of_vnni::<false, 2>,
+            (true, true, 0) => rows_of_vnni::<true, 0>,
+            (true, true, 1) => rows_of_vnni::<true, 1>,
+            (true, true, _) => rows_of_vnni::<true, 2>,
         };
         rows_of(
             p,
@@ -449,42 +475,62 @@ pub mod x86 {
         );
     }
 
-    #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn rows_of<const LUT: bool, const SCALE: u8>(
-        packed: *const u8,
-        row_bytes: usize,
-        scales: *const u8,
-        scale_row: usize,
-        shift: u32,
-        lut: &[u8; 16],
-        acts: &[&IntAct],
-        out: &mut [f32],
-    ) {
-        let tokens = acts.len();
-        for (i, row_out) in out.chunks_exact_mut(tokens).enumerate() {
-            let (p, s) = (packed.add(i * row_bytes), scales.add(i * scale_row));
-            // The row's bytes stay in cache from one group of tokens to the next.
-            let mut t = 0;
-            while t < tokens {
-                let group = &acts[t..(t + 4).min(tokens)];
-                let o = &mut row_out[t..t + group.len()];
-                match group.len() {
-                    1 => o.copy_from_slice(&run::<LUT, SCALE, 1>(p, s, shift, lut, [group[0]])),
-                    2 => {
-                        o.copy_from_slice(&run::<LUT, SCALE, 2>(p, s, shift, lut, group.try_into().unwrap()))
-                    }
-                    3 => {
-                        o.copy_from_slice(&run::<LUT, SCALE, 3>(p, s, shift, lut, group.try_into().unwrap()))
-                    }
-                    _ => {
-                        o.copy_from_slice(&run::<LUT, SCALE, 4>(p, s, shift, lut, group.try_into().unwrap()))
+    /// The rows-by-tokens loop over [`run`] (`rows_of`) and over [`run_vnni`] (`rows_of_vnni`).
+    macro_rules! rows_of {
+        ($name:ident, $features:literal, $run:ident) => {
+            #[allow(clippy::too_many_arguments)]
+            #[target_feature(enable = $features)]
+            unsafe fn $name<const LUT: bool, const SCALE: u8>(
+                packed: *const u8,
+                row_bytes: usize,
+                scales: *const u8,
+                scale_row: usize,
+                shift: u32,
+                lut: &[u8; 16],
+                acts: &[&IntAct],
+                out: &mut [f32],
+            ) {
+                let tokens = acts.len();
+                for (i, row_out) in out.chunks_exact_mut(tokens).enumerate() {
+                    let (p, s) = (packed.add(i * row_bytes), scales.add(i * scale_row));
+                    // The row's bytes stay in cache from one group of tokens to the next.
+                    let mut t = 0;
+                    while t < tokens {
+                        let group = &acts[t..(t + 4).min(tokens)];
+                        let o = &mut row_out[t..t + group.len()];
+                        match group.len() {
+                            1 => o.copy_from_slice(&$run::<LUT, SCALE, 1>(p, s, shift, lut, [group[0]])),
+                            2 => o.copy_from_slice(&$run::<LUT, SCALE, 2>(
+                                p,
+                                s,
+                                shift,
+                                lut,
+                                group.try_into().unwrap(),
+                            )),
+                            3 => o.copy_from_slice(&$run::<LUT, SCALE, 3>(
+                                p,
+                                s,
+                                shift,
+                                lut,
+                                group.try_into().unwrap(),
+                            )),
+                            _ => o.copy_from_slice(&$run::<LUT, SCALE, 4>(
+                                p,
+                                s,
+                                shift,
+                                lut,
+                                group.try_into().unwrap(),
+                            )),
+                        }
+                        t += group.len();
                     }
                 }
-                t += group.len();
             }
-        }
+        };
     }
+
+    rows_of!(rows_of, "avx2,fma", run);
+    rows_of!(rows_of_vnni, "avx2,fma,avx512f,avx512vl,avx512vnni", run_vnni);
 
     /// Scales of block b as 8 lanes: the first half's in lanes 0-3, the second's in 4-7.
     #[inline]
@@ -633,49 +679,79 @@ pub mod x86 {
         )
     }
 
-    /// One row times N tokens: per token the same steps, in the same order, as for one.
+    /// [`block_sum`] with AVX-512 VNNI (256-bit forms): `vpdpwssd` multiplies and adds the q
+    /// products into the lanes in one step each, `vpdpbusd` the rests' bytes four to a lane.
+    /// The same integer sums (no term comes near overflow), so the same bits as `block_sum`.
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn run<const LUT: bool, const SCALE: u8, const N: usize>(
-        packed: *const u8,
-        scales: *const u8,
-        shift: u32,
-        lut: &[u8; 16],
-        acts: [&IntAct; N],
-    ) -> [f32; N] {
-        let lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(lut.as_ptr() as *const __m128i));
-        // The scales are a second stream beside the weights: prefetched as many blocks ahead.
-        let scale_bytes = if SCALE == 0 { 4 } else { 2 };
-        let scales_ahead = scale_bytes * crate::dot::PREFETCH_AHEAD / 32;
-        let blocks = acts[0].blocks.len();
-        let act: [*const ActBlock; N] = std::array::from_fn(|k| acts[k].blocks.as_ptr());
-        // Two blocks per step into two accumulators per token: the FMA chains never wait on
-        // each other.
-        let (mut t0, mut t1) = ([_mm256_setzero_ps(); N], [_mm256_setzero_ps(); N]);
-        let mut b = 0;
-        while b + 2 <= blocks {
-            crate::dot::x86::prefetch(packed.wrapping_add(32 * b));
-            if (scale_bytes * b).is_multiple_of(64) {
-                _mm_prefetch::<_MM_HINT_T0>(scales.wrapping_add(scale_bytes * b + scales_ahead) as *const i8);
-            }
-            let (c0, c1) = pair_scales::<SCALE>(scales, shift, b);
-            let w0 = unpack::<LUT>(packed.add(32 * b), lut);
-            for k in 0..N {
-                t0[k] = _mm256_fmadd_ps(block_sum(&w0, &*act[k].add(b)), c0, t0[k]);
-            }
-            let w1 = unpack::<LUT>(packed.add(32 * (b + 1)), lut);
-            for k in 0..N {
-                t1[k] = _mm256_fmadd_ps(block_sum(&w1, &*act[k].add(b + 1)), c1, t1[k]);
-            }
-            b += 2;
+    #[target_feature(enable = "avx2,fma,avx512f,avx512vl,avx512vnni")]
+    unsafe fn block_sum_vnni(w: &Weights, blk: &ActBlock) -> __m256 {
+        let q = blk.q.as_ptr() as *const __m256i;
+        let mut units = _mm256_setzero_si256();
+        for k in 0..4 {
+            units = _mm256_dpwssd_epi32(units, w.high[k], _mm256_load_si256(q.add(k)));
         }
-        if b < blocks {
-            let w = unpack::<LUT>(packed.add(32 * b), lut);
-            let c = block_scales::<SCALE>(scales, shift, b);
-            for k in 0..N {
-                t0[k] = _mm256_fmadd_ps(block_sum(&w, &*act[k].add(b)), c, t0[k]);
-            }
-        }
-        std::array::from_fn(|k| crate::dot::hsum256(_mm256_add_ps(t0[k], t1[k])))
+        let r = blk.r.as_ptr() as *const __m256i;
+        units = _mm256_dpbusd_epi32(units, w.even, _mm256_load_si256(r));
+        units = _mm256_dpbusd_epi32(units, w.odd, _mm256_load_si256(r.add(1)));
+        _mm256_fmadd_ps(
+            _mm256_cvtepi32_ps(units),
+            _mm256_load_ps(blk.step.as_ptr()),
+            _mm256_load_ps(blk.offset.as_ptr()),
+        )
     }
+
+    /// One row times N tokens: per token the same steps, in the same order, as for one.
+    macro_rules! run {
+        ($name:ident, $features:literal, $block_sum:ident) => {
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn $name<const LUT: bool, const SCALE: u8, const N: usize>(
+                packed: *const u8,
+                scales: *const u8,
+                shift: u32,
+                lut: &[u8; 16],
+                acts: [&IntAct; N],
+            ) -> [f32; N] {
+                let lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(lut.as_ptr() as *const __m128i));
+                // The scales are a second stream beside the weights: prefetched as many blocks ahead.
+                let scale_bytes = if SCALE == 0 { 4 } else { 2 };
+                let scales_ahead = scale_bytes * crate::dot::PREFETCH_AHEAD / 32;
+                let blocks = acts[0].blocks.len();
+                let act: [*const ActBlock; N] = std::array::from_fn(|k| acts[k].blocks.as_ptr());
+                // Two blocks per step into two accumulators per token: the FMA chains never wait on
+                // each other.
+                let (mut t0, mut t1) = ([_mm256_setzero_ps(); N], [_mm256_setzero_ps(); N]);
+                let mut b = 0;
+                while b + 2 <= blocks {
+                    crate::dot::x86::prefetch(packed.wrapping_add(32 * b));
+                    if (scale_bytes * b).is_multiple_of(64) {
+                        _mm_prefetch::<_MM_HINT_T0>(
+                            scales.wrapping_add(scale_bytes * b + scales_ahead) as *const i8
+                        );
+                    }
+                    let (c0, c1) = pair_scales::<SCALE>(scales, shift, b);
+                    let w0 = unpack::<LUT>(packed.add(32 * b), lut);
+                    for k in 0..N {
+                        t0[k] = _mm256_fmadd_ps($block_sum(&w0, &*act[k].add(b)), c0, t0[k]);
+                    }
+                    let w1 = unpack::<LUT>(packed.add(32 * (b + 1)), lut);
+                    for k in 0..N {
+                        t1[k] = _mm256_fmadd_ps($block_sum(&w1, &*act[k].add(b + 1)), c1, t1[k]);
+                    }
+                    b += 2;
+                }
+                if b < blocks {
+                    let w = unpack::<LUT>(packed.add(32 * b), lut);
+                    let c = block_scales::<SCALE>(scales, shift, b);
+                    for k in 0..N {
+                        t0[k] = _mm256_fmadd_ps($block_sum(&w, &*act[k].add(b)), c, t0[k]);
+                    }
+                }
+                std::array::from_fn(|k| crate::dot::hsum256(_mm256_add_ps(t0[k], t1[k])))
+            }
+        };
+    }
+
+    run!(run, "avx2,fma", block_sum);
+    run!(run_vnni, "avx2,fma,avx512f,avx512vl,avx512vnni", block_sum_vnni);
 }

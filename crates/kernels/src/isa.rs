@@ -11,8 +11,8 @@ pub enum Isa {
     Scalar,
     /// x86-64 AVX2 + FMA + F16C.
     Avx2,
-    /// x86-64 AVX-512 F (with AVX2 + FMA + F16C) for the dense and INT8 formats; the others keep
-    /// their AVX2 kernels.
+    /// x86-64 AVX-512 F (with AVX2 + FMA + F16C) for the dense and INT8 formats, VNNI for the
+    /// 4-bit ones where the CPU has it; FP8 keeps its AVX2 kernel.
     Avx512,
 }
 
@@ -54,5 +54,18 @@ pub fn isa() -> Isa {
             _ => best,
         };
         asked.min(best)
+    })
+}
+
+/// Whether the 4-bit kernels take their AVX-512 VNNI step (the same sums in fewer
+/// instructions): the kernels in use are AVX-512 and the CPU has VNNI and VL.
+pub fn has_avx512_vnni() -> bool {
+    static VNNI: OnceLock<bool> = OnceLock::new();
+    *VNNI.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        if isa() == Isa::Avx512 {
+            return std::is_x86_feature_detected!("avx512vnni") && std::is_x86_feature_detected!("avx512vl");
+        }
+        false
     })
 }

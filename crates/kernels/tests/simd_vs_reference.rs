@@ -560,3 +560,52 @@ fn avx512_kernels_equal_their_scalar_twins() {
         );
     }
 }
+
+/// The 4-bit kernels' AVX-512 VNNI step sums the same integers as their AVX2 one: the same bits,
+/// for one token and for several, every scale kind (so a VNNI machine's output equals an AVX2
+/// machine's).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn the_vnni_step_gives_the_avx2_bits() {
+    use intdot::x86::Scales;
+    if !strata_kernels::isa::has_avx512_vnni() {
+        eprintln!("no AVX-512 VNNI in use on this CPU: its step is tested where it exists");
+        return;
+    }
+    let mut rng = Rand(0x0DEF_2026_1201_0004);
+    for case in 0..200 {
+        let (rows, tokens) = (1 + rng.below(6), 1 + rng.below(6));
+        let n = intdot::BLOCK * (1 + rng.below(16));
+        let acts: Vec<intdot::IntAct> = (0..tokens)
+            .map(|_| {
+                let x = activation(&mut rng, n);
+                intdot::prepare(&x, 8, 1.0)
+            })
+            .collect();
+        let refs: Vec<&intdot::IntAct> = acts.iter().collect();
+        let packed: Vec<u8> = (0..rows * n / 2).map(|_| rng.next() as u8).collect();
+        let s16: Vec<u16> = (0..rows * n / 32)
+            .map(|_| half::bf16::from_f32(rng.f32()).to_bits())
+            .collect();
+        let e8: Vec<u8> = (0..rows * n / 32).map(|_| 100 + rng.below(54) as u8).collect();
+        let lut = mxfp4::INTDOT_LUT;
+        let (scales, per_row, lut) = match case % 3 {
+            0 => (Scales::Bf16Group32(&s16), n / 32, None),
+            1 => (Scales::Bf16Wide(&s16, 6), n / 32, None),
+            _ => (Scales::E8m0(&e8), n / 32, Some(&lut)),
+        };
+        let run = |vnni: bool| {
+            let mut out = vec![0f32; rows * tokens];
+            // SAFETY: VNNI (and so AVX2 and FMA) is in use on this CPU.
+            unsafe {
+                intdot::x86::dot_rows_with(vnni, &packed, n / 2, scales, per_row, lut, &refs, &mut out)
+            };
+            out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        };
+        assert_eq!(
+            run(true),
+            run(false),
+            "case {case}: {rows} rows, {tokens} tokens, n={n}"
+        );
+    }
+}
