@@ -28,3 +28,18 @@ pub use storage::{Owner, Pod, Storage};
 pub fn threads() -> usize {
     rayon::current_num_threads()
 }
+
+/// `f(i, chunk i)` for the `len`-wide chunks of `out`, on the kernels' threads (models own no
+/// threads: work whose parts are independent, such as attention heads, is split here). Each
+/// chunk's result is whatever `f` computes for it alone, so the split never changes a value.
+pub fn for_each_chunk<T: Send>(out: &mut [T], len: usize, f: impl Fn(usize, &mut [T]) + Sync) {
+    use rayon::prelude::*;
+    if len == 0 {
+        return;
+    }
+    if threads() == 1 || out.len() <= len {
+        out.chunks_mut(len).enumerate().for_each(|(i, c)| f(i, c));
+        return;
+    }
+    out.par_chunks_mut(len).enumerate().for_each(|(i, c)| f(i, c));
+}

@@ -81,30 +81,38 @@ impl GqaAttention {
                     .extend_from_slice(&v[t * hkv * dh..(t + 1) * hkv * dh]);
             }
             let kv_width = hkv * dh;
-            for (i, t) in seq.rows.clone().enumerate() {
-                let n_pos = seq.start_pos + i + 1; // causal: positions 0..=own
+            // Every (token, head) of the sequence on the kernels' threads: each is computed
+            // alone, exactly as one by one.
+            let (rows, start_pos) = (seq.rows.clone(), seq.start_pos);
+            let (cache_k, cache_v) = (&seq.cache.k, &seq.cache.v);
+            let q = &q;
+            strata_kernels::for_each_chunk(
+                &mut out[rows.start * h * dh..rows.end * h * dh],
+                dh,
+                |idx, oh| {
+                    let (i, head) = (idx / h, idx % h);
+                    let t = rows.start + i;
+                    let n_pos = start_pos + i + 1; // causal: positions 0..=own
                                                    // Sliding window: only the last `window` positions (own included) are seen.
-                let first = self.sliding_window.map_or(0, |w| n_pos.saturating_sub(w));
-                let mut scores = vec![0f32; n_pos - first];
-                for head in 0..h {
+                    let first = self.sliding_window.map_or(0, |w| n_pos.saturating_sub(w));
+                    let mut scores = vec![0f32; n_pos - first];
                     let kvh = head / group;
                     let qh = &q[t * h * dh + head * dh..t * h * dh + (head + 1) * dh];
                     for (j, s) in scores.iter_mut().enumerate() {
                         let p = first + j;
-                        let kp = &seq.cache.k[p * kv_width + kvh * dh..p * kv_width + (kvh + 1) * dh];
+                        let kp = &cache_k[p * kv_width + kvh * dh..p * kv_width + (kvh + 1) * dh];
                         *s = dot(qh, kp) * scale;
                     }
                     softmax(&mut scores);
-                    let oh = &mut out[t * h * dh + head * dh..t * h * dh + (head + 1) * dh];
                     for (j, a) in scores.iter().enumerate() {
                         let p = first + j;
-                        let vp = &seq.cache.v[p * kv_width + kvh * dh..p * kv_width + (kvh + 1) * dh];
+                        let vp = &cache_v[p * kv_width + kvh * dh..p * kv_width + (kvh + 1) * dh];
                         for (o, v) in oh.iter_mut().zip(vp) {
                             *o += a * v;
                         }
                     }
-                }
-            }
+                },
+            );
         }
         let mut y = vec![0f32; n_tokens * self.o.out_dim];
         self.o.matmul(&out, n_tokens, &mut y);

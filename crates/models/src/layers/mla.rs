@@ -102,34 +102,40 @@ impl MlaAttention {
                     .k
                     .extend_from_slice(&kv[t * kv_width..(t + 1) * kv_width]);
             }
-            for (i, t) in seq.rows.clone().enumerate() {
-                let n_pos = seq.start_pos + i + 1;
-                let mut scores = vec![0f32; n_pos];
-                let mut q_abs = vec![0f32; lora];
-                let mut o_lat = vec![0f32; lora];
-                for head in 0..h {
+            // Every (token, head) of the sequence on the kernels' threads: each is computed
+            // alone, exactly as one by one.
+            let (rows, start_pos, cache_k) = (seq.rows.clone(), seq.start_pos, &seq.cache.k);
+            let q = &q;
+            strata_kernels::for_each_chunk(
+                &mut out[rows.start * h * vd..rows.end * h * vd],
+                vd,
+                |idx, o_head| {
+                    let (i, head) = (idx / h, idx % h);
+                    let t = rows.start + i;
+                    let n_pos = start_pos + i + 1;
+                    let mut scores = vec![0f32; n_pos];
+                    let mut q_abs = vec![0f32; lora];
+                    let mut o_lat = vec![0f32; lora];
                     let qh = &q[t * h * qk + head * qk..t * h * qk + (head + 1) * qk];
                     let base = head * (nope + vd);
                     self.kv_b
                         .matvec_rows_transposed(base..base + nope, &qh[..nope], &mut q_abs); // (kv_lora,)
                     for (p, s) in scores.iter_mut().enumerate() {
-                        let key = &seq.cache.k[p * kv_width..(p + 1) * kv_width];
+                        let key = &cache_k[p * kv_width..(p + 1) * kv_width];
                         *s =
                             (dot(&q_abs, &key[..lora]) + dot(&qh[nope..], &key[lora..])) * self.softmax_scale;
                     }
                     softmax(&mut scores);
-                    o_lat.iter_mut().for_each(|v| *v = 0.0);
                     for (p, a) in scores.iter().enumerate() {
-                        let c = &seq.cache.k[p * kv_width..p * kv_width + lora];
+                        let c = &cache_k[p * kv_width..p * kv_width + lora];
                         for (o, v) in o_lat.iter_mut().zip(c) {
                             *o += a * v;
                         }
                     }
                     let v_rows = base + nope..base + nope + vd;
-                    let o_head = &mut out[t * h * vd + head * vd..t * h * vd + (head + 1) * vd];
                     self.kv_b.matvec_rows(v_rows, &o_lat, o_head); // (v,)
-                }
-            }
+                },
+            );
         }
         if let Some(g) = &self.gate {
             let mut gates = vec![0f32; n_tokens * h * vd]; // (T, H*v)
