@@ -6,7 +6,9 @@
 //! weights are loaded and widened once and multiplied into every token's two accumulators of 16
 //! lanes, so every token's sum runs in the same order whatever N is (batch invariance). Up to
 //! eight tokens share a pass: 16 accumulators, the two weight vectors and the loads fit the 32
-//! registers.
+//! registers. Several-token products advance a block of rows a slice of inputs at a time (each
+//! row's sums kept between slices: the same steps in the same order), so the slice of the
+//! tokens' activations is read from the nearest cache rather than the next one down.
 
 use std::arch::x86_64::*;
 
@@ -59,19 +61,29 @@ unsafe fn hsum512(v: __m512) -> f32 {
     crate::dot::hsum256(_mm256_add_ps(lo, hi))
 }
 
-macro_rules! rows_n {
-    ($name:ident, $elem:ty, $load:ident, $widen:expr) => {
-        /// `out[t] = scale * (row . xs[t])`, each token's sum in the one-token order.
+/// Inputs per slice of a several-token product: the slice of each token's activation (8 x 2 KiB)
+/// and of a block of rows stay in the nearest cache while the rows' sums advance over it.
+const SLICE: usize = 512;
+
+/// Rows a several-token product keeps sums for at once (one block of accumulators on the stack).
+const ROW_BLOCK: usize = 16;
+
+macro_rules! kernel {
+    ($steps:ident, $finish:ident, $rows:ident, $tokens:ident, $group:ident, $elem:ty, $load:ident, $widen:expr) => {
+        /// The 32-wide steps over `w[from..to]` (`to - from` a multiple of 32) into each token's
+        /// two sums, in input order.
+        #[inline]
         #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-        unsafe fn $name<const N: usize>(w: &[$elem], scale: f32, xs: [&[f32]; N]) -> [f32; N] {
-            let n = w.len();
-            for x in xs {
-                assert_eq!(x.len(), n);
-            }
-            let mut a0 = [_mm512_setzero_ps(); N];
-            let mut a1 = [_mm512_setzero_ps(); N];
-            let mut i = 0;
-            while i + 32 <= n {
+        unsafe fn $steps<const N: usize>(
+            w: &[$elem],
+            xs: &[&[f32]; N],
+            from: usize,
+            to: usize,
+            a0: &mut [__m512; N],
+            a1: &mut [__m512; N],
+        ) {
+            let mut i = from;
+            while i < to {
                 prefetch_lines(w.as_ptr(), std::mem::size_of::<$elem>() * i);
                 let w0 = $load(w.as_ptr().add(i));
                 let w1 = $load(w.as_ptr().add(i + 16));
@@ -82,6 +94,22 @@ macro_rules! rows_n {
                 }
                 i += 32;
             }
+        }
+
+        /// After the steps up to `pairs` (the last multiple of 32): one 16-wide step, the two
+        /// sums added and reduced, the scalar tail, the scale.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        unsafe fn $finish<const N: usize>(
+            w: &[$elem],
+            scale: f32,
+            xs: &[&[f32]; N],
+            pairs: usize,
+            mut a0: [__m512; N],
+            a1: [__m512; N],
+        ) -> [f32; N] {
+            let n = w.len();
+            let mut i = pairs;
             if i + 16 <= n {
                 let w0 = $load(w.as_ptr().add(i));
                 for t in 0..N {
@@ -99,22 +127,66 @@ macro_rules! rows_n {
             }
             out
         }
-    };
-}
 
-rows_n!(rows_f32, f32, load_f32, widen_f32);
-rows_n!(rows_bf16, u16, load_bf16, bf16_to_f32);
-rows_n!(rows_f16, u16, load_f16, widen_f16);
-rows_n!(rows_i8, i8, load_i8, widen_i8);
+        /// `out[t] = scale * (row . xs[t])`: the steps over the whole row, then the finish.
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        unsafe fn $rows<const N: usize>(w: &[$elem], scale: f32, xs: [&[f32]; N]) -> [f32; N] {
+            for x in xs {
+                assert_eq!(x.len(), w.len());
+            }
+            let pairs = w.len() / 32 * 32;
+            let (mut a0, mut a1) = ([_mm512_setzero_ps(); N], [_mm512_setzero_ps(); N]);
+            $steps::<N>(w, &xs, 0, pairs, &mut a0, &mut a1);
+            $finish::<N>(w, scale, &xs, pairs, a0, a1)
+        }
 
-/// `out[r * T + t] = scale(r) * (row r . xs[t])` for the rows of `w` (`in_dim` wide), up to
-/// eight tokens per pass over a row, token groups outermost.
-macro_rules! tokens {
-    ($name:ident, $elem:ty, $kernel:ident) => {
+        /// N tokens against rows `r0..r0 + rows` (at most [`ROW_BLOCK`]): the steps advance a
+        /// [`SLICE`] of inputs at a time over every row, each row's sums kept between slices
+        /// (the same steps in the same order as the one-row kernel, so the same bits), then each row's
+        /// finish.
+        #[allow(clippy::too_many_arguments)]
+        #[inline]
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        unsafe fn $group<const N: usize>(
+            w: &[$elem],
+            scales: Option<&[f32]>,
+            in_dim: usize,
+            xs: [&[f32]; N],
+            r0: usize,
+            rows: usize,
+            out: &mut [f32],
+            tokens: usize,
+            t0: usize,
+        ) {
+            for x in xs {
+                assert_eq!(x.len(), in_dim);
+            }
+            let pairs = in_dim / 32 * 32;
+            let zero = ([_mm512_setzero_ps(); N], [_mm512_setzero_ps(); N]);
+            let mut acc = [zero; ROW_BLOCK];
+            let row = |r: usize| &w[(r0 + r) * in_dim..(r0 + r + 1) * in_dim];
+            let mut k = 0;
+            while k < pairs {
+                let end = (k + SLICE).min(pairs);
+                for (r, (a0, a1)) in acc.iter_mut().enumerate().take(rows) {
+                    $steps::<N>(row(r), &xs, k, end, a0, a1);
+                }
+                k = end;
+            }
+            for (r, &(a0, a1)) in acc.iter().enumerate().take(rows) {
+                let s = scales.map_or(1.0, |s| s[r0 + r]);
+                let o = &mut out[(r0 + r) * tokens + t0..(r0 + r) * tokens + t0 + N];
+                o.copy_from_slice(&$finish::<N>(row(r), s, &xs, pairs, a0, a1));
+            }
+        }
+
+        /// `out[r * T + t] = scale(r) * (row r . xs[t])` for the rows of `w` (`in_dim` wide):
+        /// up to eight tokens per pass, blocks of [`ROW_BLOCK`] rows, [`SLICE`] inputs at a time.
+        ///
         /// # Safety
         /// The CPU must have AVX-512 F, AVX2, FMA and F16C.
         #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-        pub unsafe fn $name(
+        pub unsafe fn $tokens(
             w: &[$elem],
             scales: Option<&[f32]>,
             in_dim: usize,
@@ -128,28 +200,71 @@ macro_rules! tokens {
             while t < tokens {
                 let take = (tokens - t).min(8);
                 let g = &xs[t..t + take];
-                for r in 0..rows {
-                    let row = &w[r * in_dim..(r + 1) * in_dim];
-                    let s = scales.map_or(1.0, |s| s[r]);
-                    let o = &mut out[r * tokens + t..r * tokens + t + take];
+                let mut r0 = 0;
+                while r0 < rows {
+                    let n = (rows - r0).min(ROW_BLOCK);
+                    let a = (w, scales, in_dim);
                     match take {
-                        1 => o.copy_from_slice(&$kernel::<1>(row, s, [g[0]])),
-                        2 => o.copy_from_slice(&$kernel::<2>(row, s, [g[0], g[1]])),
-                        3 => o.copy_from_slice(&$kernel::<3>(row, s, [g[0], g[1], g[2]])),
-                        4 => o.copy_from_slice(&$kernel::<4>(row, s, [g[0], g[1], g[2], g[3]])),
-                        5 => o.copy_from_slice(&$kernel::<5>(row, s, [g[0], g[1], g[2], g[3], g[4]])),
-                        6 => o.copy_from_slice(&$kernel::<6>(row, s, [g[0], g[1], g[2], g[3], g[4], g[5]])),
-                        7 => o.copy_from_slice(&$kernel::<7>(
-                            row,
-                            s,
+                        1 => $group::<1>(a.0, a.1, a.2, [g[0]], r0, n, out, tokens, t),
+                        2 => $group::<2>(a.0, a.1, a.2, [g[0], g[1]], r0, n, out, tokens, t),
+                        3 => $group::<3>(a.0, a.1, a.2, [g[0], g[1], g[2]], r0, n, out, tokens, t),
+                        4 => $group::<4>(
+                            a.0,
+                            a.1,
+                            a.2,
+                            [g[0], g[1], g[2], g[3]],
+                            r0,
+                            n,
+                            out,
+                            tokens,
+                            t,
+                        ),
+                        5 => $group::<5>(
+                            a.0,
+                            a.1,
+                            a.2,
+                            [g[0], g[1], g[2], g[3], g[4]],
+                            r0,
+                            n,
+                            out,
+                            tokens,
+                            t,
+                        ),
+                        6 => $group::<6>(
+                            a.0,
+                            a.1,
+                            a.2,
+                            [g[0], g[1], g[2], g[3], g[4], g[5]],
+                            r0,
+                            n,
+                            out,
+                            tokens,
+                            t,
+                        ),
+                        7 => $group::<7>(
+                            a.0,
+                            a.1,
+                            a.2,
                             [g[0], g[1], g[2], g[3], g[4], g[5], g[6]],
-                        )),
-                        _ => o.copy_from_slice(&$kernel::<8>(
-                            row,
-                            s,
+                            r0,
+                            n,
+                            out,
+                            tokens,
+                            t,
+                        ),
+                        _ => $group::<8>(
+                            a.0,
+                            a.1,
+                            a.2,
                             [g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]],
-                        )),
+                            r0,
+                            n,
+                            out,
+                            tokens,
+                            t,
+                        ),
                     }
+                    r0 += n;
                 }
                 t += take;
             }
@@ -157,10 +272,19 @@ macro_rules! tokens {
     };
 }
 
-tokens!(tokens_f32, f32, rows_f32);
-tokens!(tokens_bf16, u16, rows_bf16);
-tokens!(tokens_f16, u16, rows_f16);
-tokens!(tokens_i8, i8, rows_i8);
+kernel!(steps_f32, finish_f32, rows_f32, tokens_f32, group_f32, f32, load_f32, widen_f32);
+kernel!(
+    steps_bf16,
+    finish_bf16,
+    rows_bf16,
+    tokens_bf16,
+    group_bf16,
+    u16,
+    load_bf16,
+    bf16_to_f32
+);
+kernel!(steps_f16, finish_f16, rows_f16, tokens_f16, group_f16, u16, load_f16, widen_f16);
+kernel!(steps_i8, finish_i8, rows_i8, tokens_i8, group_i8, i8, load_i8, widen_i8);
 
 pub fn dot_f32_entry(w: &[f32], x: &[f32]) -> f32 {
     // SAFETY: selected only when `isa()` found AVX-512 F (with AVX2, FMA, F16C).

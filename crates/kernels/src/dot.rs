@@ -286,22 +286,28 @@ pub mod x86 {
     /// token t alone (N = 1 is the one-token kernel itself): each weight vector is loaded and
     /// widened once and multiplied into every token's accumulators, each token's sum in the
     /// same order whatever N is. `PAIR`: two accumulators per token over 16-wide steps (the
-    /// formats whose decode is cheap), else one over 8-wide steps.
+    /// formats whose decode is cheap), else one over 8-wide steps. Several-token products
+    /// ([`dense_tokens`]) advance a block of rows a slice of inputs at a time, each row's sums
+    /// kept between slices (the same steps in the same order).
     macro_rules! dense_rows {
-        ($name:ident, $elem:ty, $features:literal, $load:ident, $widen:ident, $prefetch:ident, $pair:literal) => {
+        ($name:ident, $steps:ident, $finish:ident, $elem:ty, $features:literal, $load:ident, $widen:ident, $prefetch:ident, $pair:literal) => {
+            /// The steps over `w[from..to]` (`to - from` a multiple of the step) into each
+            /// token's sums, in input order.
+            #[inline]
             #[target_feature(enable = $features)]
-            pub(super) unsafe fn $name<const N: usize>(w: &[$elem], xs: [&[f32]; N]) -> [f32; N] {
-                let n = w.len();
-                for x in xs {
-                    assert_eq!(x.len(), n);
-                }
-                let mut a0 = [_mm256_setzero_ps(); N];
-                let mut a1 = [_mm256_setzero_ps(); N];
-                let mut i = 0;
-                if $pair {
-                    while i + 16 <= n {
-                        $prefetch(w.as_ptr(), std::mem::size_of::<$elem>() * i);
-                        let w0 = $load(w.as_ptr().add(i));
+            pub(super) unsafe fn $steps<const N: usize>(
+                w: &[$elem],
+                xs: &[&[f32]; N],
+                from: usize,
+                to: usize,
+                a0: &mut [__m256; N],
+                a1: &mut [__m256; N],
+            ) {
+                let mut i = from;
+                while i < to {
+                    $prefetch(w.as_ptr(), std::mem::size_of::<$elem>() * i);
+                    let w0 = $load(w.as_ptr().add(i));
+                    if $pair {
                         let w1 = $load(w.as_ptr().add(i + 8));
                         for t in 0..N {
                             let x = xs[t].as_ptr();
@@ -309,12 +315,29 @@ pub mod x86 {
                             a1[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x.add(i + 8)), a1[t]);
                         }
                         i += 16;
+                    } else {
+                        for t in 0..N {
+                            a0[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xs[t].as_ptr().add(i)), a0[t]);
+                        }
+                        i += 8;
                     }
                 }
-                while i + 8 <= n {
-                    if !$pair {
-                        $prefetch(w.as_ptr(), std::mem::size_of::<$elem>() * i);
-                    }
+            }
+
+            /// After the steps up to `steps_end`: (PAIR) one 8-wide step, the sums reduced, the
+            /// scalar tail.
+            #[inline]
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn $finish<const N: usize>(
+                w: &[$elem],
+                xs: &[&[f32]; N],
+                steps_end: usize,
+                mut a0: [__m256; N],
+                a1: [__m256; N],
+            ) -> [f32; N] {
+                let n = w.len();
+                let mut i = steps_end;
+                if $pair && i + 8 <= n {
                     let w0 = $load(w.as_ptr().add(i));
                     for t in 0..N {
                         a0[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xs[t].as_ptr().add(i)), a0[t]);
@@ -336,11 +359,25 @@ pub mod x86 {
                 }
                 out
             }
+
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn $name<const N: usize>(w: &[$elem], xs: [&[f32]; N]) -> [f32; N] {
+                for x in xs {
+                    assert_eq!(x.len(), w.len());
+                }
+                let step = if $pair { 16 } else { 8 };
+                let end = w.len() / step * step;
+                let (mut a0, mut a1) = ([_mm256_setzero_ps(); N], [_mm256_setzero_ps(); N]);
+                $steps::<N>(w, &xs, 0, end, &mut a0, &mut a1);
+                $finish::<N>(w, &xs, end, a0, a1)
+            }
         };
     }
 
     dense_rows!(
         rows_f32_n,
+        steps_f32,
+        finish_f32,
         f32,
         "avx2,fma",
         load_f32x8,
@@ -350,6 +387,8 @@ pub mod x86 {
     );
     dense_rows!(
         rows_bf16_n,
+        steps_bf16,
+        finish_bf16,
         u16,
         "avx2,fma",
         load_bf16x8,
@@ -359,6 +398,8 @@ pub mod x86 {
     );
     dense_rows!(
         rows_f16_n,
+        steps_f16,
+        finish_f16,
         u16,
         "avx2,fma,f16c",
         load_f16x8,
@@ -382,11 +423,51 @@ pub mod x86 {
         rows_f16_n::<1>(w, [x])[0]
     }
 
-    /// `out[i * T + t] = dot(w row i, xs[t])` for the `rows` rows of `w` (`in_dim` wide) and the
-    /// T tokens of `xs`, four tokens per pass over a row (then three, two, one), token groups
-    /// outermost so their activations stay in the nearest cache while the rows stream by.
+    /// Inputs per slice of a several-token product, and rows whose sums are kept at once.
+    const SLICE: usize = 512;
+    const ROW_BLOCK: usize = 16;
+
+    /// `out[i * T + t] = dot(w row i, xs[t])` for the rows of `w` (`in_dim` wide) and the T
+    /// tokens of `xs`: four tokens per pass over a row (then three, two, one), blocks of
+    /// [`ROW_BLOCK`] rows advancing [`SLICE`] inputs at a time so the slice of the tokens'
+    /// activations stays in the nearest cache.
     macro_rules! dense_tokens {
-        ($name:ident, $elem:ty, $features:literal, $kernel:ident) => {
+        ($name:ident, $group:ident, $elem:ty, $features:literal, $steps:ident, $finish:ident, $pair:literal) => {
+            #[allow(clippy::too_many_arguments)]
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn $group<const N: usize>(
+                w: &[$elem],
+                in_dim: usize,
+                xs: [&[f32]; N],
+                r0: usize,
+                rows: usize,
+                out: &mut [f32],
+                tokens: usize,
+                t0: usize,
+            ) {
+                for x in xs {
+                    assert_eq!(x.len(), in_dim);
+                }
+                let step = if $pair { 16 } else { 8 };
+                let end = in_dim / step * step;
+                let zero = ([_mm256_setzero_ps(); N], [_mm256_setzero_ps(); N]);
+                let mut acc = [zero; ROW_BLOCK];
+                let row = |r: usize| &w[(r0 + r) * in_dim..(r0 + r + 1) * in_dim];
+                let mut k = 0;
+                while k < end {
+                    let stop = (k + SLICE).min(end);
+                    for (r, (a0, a1)) in acc.iter_mut().enumerate().take(rows) {
+                        $steps::<N>(row(r), &xs, k, stop, a0, a1);
+                    }
+                    k = stop;
+                }
+                for (r, &(a0, a1)) in acc.iter().enumerate().take(rows) {
+                    let o = &mut out[(r0 + r) * tokens + t0..(r0 + r) * tokens + t0 + N];
+                    o.copy_from_slice(&$finish::<N>(row(r), &xs, end, a0, a1));
+                }
+            }
+
             #[target_feature(enable = $features)]
             pub(super) unsafe fn $name(w: &[$elem], in_dim: usize, xs: &[&[f32]], out: &mut [f32]) {
                 let tokens = xs.len();
@@ -394,29 +475,44 @@ pub mod x86 {
                 assert_eq!(out.len(), rows * tokens);
                 let mut t = 0;
                 while t < tokens {
-                    let left = tokens - t;
-                    for r in 0..rows {
-                        let row = &w[r * in_dim..(r + 1) * in_dim];
-                        let o = &mut out[r * tokens + t..];
-                        match left {
-                            1 => o[..1].copy_from_slice(&$kernel::<1>(row, [xs[t]])),
-                            2 => o[..2].copy_from_slice(&$kernel::<2>(row, [xs[t], xs[t + 1]])),
-                            3 => o[..3].copy_from_slice(&$kernel::<3>(row, [xs[t], xs[t + 1], xs[t + 2]])),
-                            _ => o[..4].copy_from_slice(&$kernel::<4>(
-                                row,
-                                [xs[t], xs[t + 1], xs[t + 2], xs[t + 3]],
-                            )),
+                    let take = (tokens - t).min(4);
+                    let g = &xs[t..t + take];
+                    let mut r0 = 0;
+                    while r0 < rows {
+                        let n = (rows - r0).min(ROW_BLOCK);
+                        match take {
+                            1 => $group::<1>(w, in_dim, [g[0]], r0, n, out, tokens, t),
+                            2 => $group::<2>(w, in_dim, [g[0], g[1]], r0, n, out, tokens, t),
+                            3 => $group::<3>(w, in_dim, [g[0], g[1], g[2]], r0, n, out, tokens, t),
+                            _ => $group::<4>(w, in_dim, [g[0], g[1], g[2], g[3]], r0, n, out, tokens, t),
                         }
+                        r0 += n;
                     }
-                    t += left.min(4);
+                    t += take;
                 }
             }
         };
     }
 
-    dense_tokens!(tokens_f32, f32, "avx2,fma", rows_f32_n);
-    dense_tokens!(tokens_bf16, u16, "avx2,fma", rows_bf16_n);
-    dense_tokens!(tokens_f16, u16, "avx2,fma,f16c", rows_f16_n);
+    dense_tokens!(tokens_f32, group_f32, f32, "avx2,fma", steps_f32, finish_f32, true);
+    dense_tokens!(
+        tokens_bf16,
+        group_bf16,
+        u16,
+        "avx2,fma",
+        steps_bf16,
+        finish_bf16,
+        true
+    );
+    dense_tokens!(
+        tokens_f16,
+        group_f16,
+        u16,
+        "avx2,fma,f16c",
+        steps_f16,
+        finish_f16,
+        false
+    );
 }
 
 #[cfg(test)]

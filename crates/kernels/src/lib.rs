@@ -43,3 +43,29 @@ pub fn for_each_chunk<T: Send>(out: &mut [T], len: usize, f: impl Fn(usize, &mut
     }
     out.par_chunks_mut(len).enumerate().for_each(|(i, c)| f(i, c));
 }
+
+/// [`for_each_chunk`] over two slices in step: `f(i, chunk i of a, chunk i of b)` (e.g. each
+/// recurrent head's state and its output).
+pub fn for_each_chunk_pair<T: Send, U: Send>(
+    a: &mut [T],
+    a_len: usize,
+    b: &mut [U],
+    b_len: usize,
+    f: impl Fn(usize, &mut [T], &mut [U]) + Sync,
+) {
+    use rayon::prelude::*;
+    if a_len == 0 || b_len == 0 {
+        return;
+    }
+    if threads() == 1 || a.len() <= a_len {
+        a.chunks_mut(a_len)
+            .zip(b.chunks_mut(b_len))
+            .enumerate()
+            .for_each(|(i, (x, y))| f(i, x, y));
+        return;
+    }
+    a.par_chunks_mut(a_len)
+        .zip(b.par_chunks_mut(b_len))
+        .enumerate()
+        .for_each(|(i, (x, y))| f(i, x, y));
+}

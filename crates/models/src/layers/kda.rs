@@ -168,7 +168,11 @@ impl KdaAttention {
                     hb[h * n + t] = beta[(rows.start + t) * nh + h];
                 }
             }
-            for h in 0..nh {
+            // Each head's recurrence (its own state, its own output) on the kernels' threads:
+            // computed alone, exactly as one by one.
+            let mut head_out = vec![0f32; nh * n * dv]; // (heads, n, Dv)
+            let state = &mut seq.cache.recurrent[..nh * dk * dv];
+            strata_kernels::for_each_chunk_pair(state, dk * dv, &mut head_out, n * dv, |h, state, o| {
                 let inputs = HeadInputs {
                     q: &hq[h * n * dk..(h + 1) * n * dk],
                     k: &hk[h * n * dk..(h + 1) * n * dk],
@@ -176,10 +180,8 @@ impl KdaAttention {
                     g: &hg[h * n * dk..(h + 1) * n * dk],
                     beta: &hb[h * n..(h + 1) * n],
                 };
-                let state = &mut seq.cache.recurrent[h * dk * dv..(h + 1) * dk * dv];
-                let mut o = vec![0f32; n * dv]; // (n, Dv)
                 if n == 1 {
-                    recurrent_step(&inputs, dk, dv, state, &mut o);
+                    recurrent_step(&inputs, dk, dv, state, o);
                 } else {
                     for start in (0..n).step_by(self.chunk) {
                         let end = (start + self.chunk).min(n);
@@ -193,9 +195,11 @@ impl KdaAttention {
                         Self::chunk(&part, dk, dv, state, &mut o[start * dv..end * dv]);
                     }
                 }
+            });
+            for h in 0..nh {
                 for t in 0..n {
                     let dst = (rows.start + t) * c + h * dv;
-                    out[dst..dst + dv].copy_from_slice(&o[t * dv..(t + 1) * dv]);
+                    out[dst..dst + dv].copy_from_slice(&head_out[(h * n + t) * dv..(h * n + t + 1) * dv]);
                 }
             }
         }
