@@ -101,7 +101,9 @@ impl Sampler {
         if p.temperature <= 0.0 {
             return argmax(&logits);
         }
-        // Candidates sorted by logit, highest first (ties: lower id first).
+        // Candidates in id order; only as many as the filters need are ever put in order
+        // (highest logit first, ties: lower id first): a vocabulary of 150k sorted at every
+        // token cost more than the model's last layers.
         let mut cand: Vec<(u32, f32)> = logits
             .iter()
             .enumerate()
@@ -111,39 +113,75 @@ impl Sampler {
         if cand.is_empty() {
             return argmax(&logits);
         }
-        cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        if p.top_k > 0 {
+        if p.top_k > 0 && p.top_k < cand.len() {
+            cand.select_nth_unstable_by(p.top_k - 1, by_rank);
             cand.truncate(p.top_k);
         }
-        let max = cand[0].1;
-        let mut probs: Vec<f64> = cand.iter().map(|(_, l)| ((l - max) as f64).exp()).collect();
-        let total: f64 = probs.iter().sum();
-        probs.iter_mut().for_each(|q| *q /= total);
-        let mut keep = probs.len();
-        if p.top_p < 1.0 {
-            let mut acc = 0.0;
-            for (i, q) in probs.iter().enumerate() {
+        let max = cand.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
+        let weight = |l: f32| ((l - max) as f64).exp();
+        if p.top_p >= 1.0 && p.min_p <= 0.0 {
+            // No filter needs the order: one draw over the weights in id order.
+            let total: f64 = cand.iter().map(|c| weight(c.1)).sum();
+            let mut r = self.rng.next_f64() * total;
+            for &(id, l) in &cand {
+                let q = weight(l);
+                if r < q {
+                    return id;
+                }
+                r -= q;
+            }
+            return cand[cand.len() - 1].0;
+        }
+        let total: f64 = cand.iter().map(|c| weight(c.1)).sum();
+        let (top_p, floor) = (p.top_p as f64 * total, p.min_p as f64);
+        // The ranked prefix, grown until it holds top_p of the mass and reaches below the
+        // min_p floor (or holds everything).
+        let mut ranked = 0;
+        let mut keep = None;
+        let (mut acc, mut want) = (0.0f64, 64);
+        while keep.is_none() {
+            let end = want.min(cand.len());
+            if end < cand.len() {
+                cand[ranked..].select_nth_unstable_by(end - ranked - 1, by_rank);
+            }
+            cand[ranked..end].sort_by(by_rank);
+            let first = weight(cand[0].1);
+            for i in ranked..end {
+                let q = weight(cand[i].1);
+                if p.min_p > 0.0 && q < first * floor {
+                    keep = Some(i.max(1));
+                    break;
+                }
                 acc += q;
-                if acc >= p.top_p as f64 {
-                    keep = i + 1;
+                if p.top_p < 1.0 && acc >= top_p {
+                    keep = Some(i + 1);
                     break;
                 }
             }
+            ranked = end;
+            if end == cand.len() {
+                keep = keep.or(Some(end));
+            }
+            want *= 4;
         }
-        if p.min_p > 0.0 {
-            let floor = probs[0] * p.min_p as f64;
-            keep = keep.min(probs.iter().take_while(|&&q| q >= floor).count().max(1));
-        }
-        let total: f64 = probs[..keep].iter().sum();
+        let keep = keep.expect("set above");
+        let total: f64 = cand[..keep].iter().map(|c| weight(c.1)).sum();
         let mut r = self.rng.next_f64() * total;
-        for (i, q) in probs[..keep].iter().enumerate() {
-            if r < *q {
-                return cand[i].0;
+        for &(id, l) in &cand[..keep] {
+            let q = weight(l);
+            if r < q {
+                return id;
             }
             r -= q;
         }
         cand[keep - 1].0
     }
+}
+
+/// Candidate order: highest logit first, ties broken by the lower id (a total order, so any
+/// partial ranking agrees with a full sort).
+fn by_rank(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
 }
 
 #[cfg(test)]
@@ -202,5 +240,76 @@ mod tests {
         assert!(tight.iter().all(|&t| t == top5[0]));
         let min_p = draw(SamplingParams { min_p: 1.0, ..params });
         assert!(min_p.iter().all(|&t| t == top5[0]));
+    }
+
+    /// On a vocabulary large enough that the ranked prefix grows several times (64, 256, ...),
+    /// top-p and min-p keep exactly the set a full sort keeps: every draw lies inside it, and
+    /// draws reach deep into it; with no filter every token can be drawn.
+    #[test]
+    fn partial_ranking_keeps_what_a_full_sort_keeps() {
+        let v = 5000;
+        let logits: Vec<f32> = (0..v)
+            .map(|i| ((i as f32 * 0.7131).sin() * 3.0).exp().ln())
+            .collect();
+        let mut order: Vec<usize> = (0..v).collect();
+        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+        let max = logits[order[0]];
+        let w: Vec<f64> = order.iter().map(|&i| ((logits[i] - max) as f64).exp()).collect();
+        let total: f64 = w.iter().sum();
+        for top_p in [0.3f32, 0.9, 0.99] {
+            let mut acc = 0.0;
+            let cut = w
+                .iter()
+                .position(|q| {
+                    acc += q / total;
+                    acc >= top_p as f64
+                })
+                .unwrap()
+                + 1;
+            let kept: std::collections::HashSet<u32> = order[..cut].iter().map(|&i| i as u32).collect();
+            let mut s = Sampler::new(SamplingParams {
+                temperature: 1.0,
+                top_p,
+                seed: 7,
+                ..Default::default()
+            });
+            let draws: Vec<u32> = (0..2000).map(|_| s.sample(&logits, &[], &[])).collect();
+            assert!(
+                draws.iter().all(|t| kept.contains(t)),
+                "top_p {top_p}: a draw outside the {cut} kept"
+            );
+            let deepest = draws
+                .iter()
+                .map(|t| order.iter().position(|&i| i as u32 == *t).unwrap())
+                .max()
+                .unwrap();
+            assert!(
+                deepest > cut / 2,
+                "top_p {top_p}: draws reach rank {deepest} of {cut}"
+            );
+        }
+        let floor = 0.2f64;
+        let cut = w.iter().take_while(|&&q| q >= floor).count();
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            min_p: floor as f32,
+            seed: 8,
+            ..Default::default()
+        });
+        for _ in 0..2000 {
+            let t = s.sample(&logits, &[], &[]) as usize;
+            assert!(order[..cut].contains(&t), "min_p: token {t} is below the floor");
+        }
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 5.0,
+            seed: 9,
+            ..Default::default()
+        });
+        let seen: std::collections::HashSet<u32> = (0..20000).map(|_| s.sample(&logits, &[], &[])).collect();
+        assert!(
+            seen.len() > v / 2,
+            "no filter: only {} distinct tokens",
+            seen.len()
+        );
     }
 }
