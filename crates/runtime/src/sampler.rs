@@ -146,8 +146,8 @@ impl Sampler {
             }
             cand[ranked..end].sort_by(by_rank);
             let first = weight(cand[0].1);
-            for i in ranked..end {
-                let q = weight(cand[i].1);
+            for (i, c) in cand.iter().enumerate().take(end).skip(ranked) {
+                let q = weight(c.1);
                 if p.min_p > 0.0 && q < first * floor {
                     keep = Some(i.max(1));
                     break;
