@@ -176,6 +176,28 @@ pub struct Linear {
     pub data: WeightData,
 }
 
+/// 16 f32 on a 64-byte boundary (one cache line).
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([f32; 16]);
+
+impl Line {
+    fn copy(xs: &[f32]) -> Vec<Line> {
+        let mut lines = vec![Line([0.0; 16]); xs.len().div_ceil(16)];
+        for (l, c) in lines.iter_mut().zip(xs.chunks(16)) {
+            l.0[..c.len()].copy_from_slice(c);
+        }
+        lines
+    }
+
+    /// The lines as one run of f32 (their padding included; callers slice what they copied).
+    fn as_f32s(lines: &[Line]) -> &[f32] {
+        // SAFETY: `Line` is 16 f32 with no padding (`repr(C)`, 64 bytes), so the lines are
+        // 16 * len contiguous, initialised f32.
+        unsafe { std::slice::from_raw_parts(lines.as_ptr() as *const f32, lines.len() * 16) }
+    }
+}
+
 /// Weight bytes read by matrix products so far (each product counts its matrix once, whatever
 /// its number of tokens): what a token touches, for `strata bench --compute-only`.
 static WEIGHT_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -400,6 +422,14 @@ impl Linear {
             });
             return;
         }
+        // The dense kernels load each activation vector once per row: on a 64-byte boundary
+        // (a copy, once per product) none of those loads straddles two cache lines.
+        let dense = matches!(
+            self.data,
+            WeightData::F32(_) | WeightData::Bf16(_) | WeightData::F16(_) | WeightData::Int8 { .. }
+        );
+        let lines = (dense && !(xs.as_ptr() as usize).is_multiple_of(64)).then(|| Line::copy(xs));
+        let xs = lines.as_deref().map_or(xs, |l| &Line::as_f32s(l)[..xs.len()]);
         let mut by_row = vec![0f32; self.out_dim * n_tokens]; // (out, T)
         by_row
             .par_chunks_mut(ROWS_PER_TASK * n_tokens)
