@@ -192,6 +192,20 @@ fn compute_only_reads_nothing_while_timing_and_counts_the_weights_touched() {
     assert!(touched >= k * 3.0 * moe_ffn * hidden * 0.5, "{c}");
     assert!(memory > 0.0 && num(c, "weights_gbs") > 0.0, "{c}");
     assert!(text.contains("of the memory's read bandwidth"), "{text}");
+    // `-t N` (`--threads`) sizes the compute threads, as in llama.cpp.
+    for (flag, n) in [("-t", 1u64), ("--threads", 3)] {
+        let (_, j) = bench(&[
+            flag,
+            &n.to_string(),
+            "-m",
+            model,
+            "--tokens",
+            "2",
+            "--compute-only",
+            "--json",
+        ]);
+        assert_eq!(j["threads"].as_u64(), Some(n), "{flag} {n}");
+    }
     let out = Command::new(env!("CARGO_BIN_EXE_strata"))
         .args([
             "bench",

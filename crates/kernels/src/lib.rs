@@ -24,9 +24,54 @@ pub mod storage;
 pub use linear::{u16_vec_from_bytes, weight_bytes_touched, Linear, Prepared, WeightData};
 pub use storage::{Owner, Pod, Storage};
 
-/// Number of threads the kernels may use (rayon's global pool, sized to the machine).
+/// Number of threads the kernels may use (rayon's global pool, sized by [`init_threads`]).
 pub fn threads() -> usize {
     rayon::current_num_threads()
+}
+
+/// Sizes the kernels' thread pool once, before any product runs: `n` threads when given, else
+/// `RAYON_NUM_THREADS` when set, else one per physical core (a second hardware thread of a core
+/// shares its FMA units and caches, and measured no faster on these kernels). Returns the size
+/// in use (also when the pool had been started already).
+pub fn init_threads(n: Option<usize>) -> usize {
+    let n = n.filter(|&n| n > 0).or_else(|| {
+        if std::env::var_os("RAYON_NUM_THREADS").is_some() {
+            None
+        } else {
+            physical_cores()
+        }
+    });
+    let mut builder = rayon::ThreadPoolBuilder::new().thread_name(|i| format!("strata-compute-{i}"));
+    if let Some(n) = n {
+        builder = builder.num_threads(n);
+    }
+    let _ = builder.build_global();
+    threads()
+}
+
+/// Distinct (package, core) pairs among the online CPUs (Linux sysfs), if readable.
+pub fn physical_cores() -> Option<usize> {
+    let online = std::fs::read_to_string("/sys/devices/system/cpu/online").ok()?;
+    let mut cores = std::collections::HashSet::new();
+    for range in online.trim().split(',') {
+        let (a, b) = match range.split_once('-') {
+            Some((a, b)) => (a.parse::<usize>().ok()?, b.parse::<usize>().ok()?),
+            None => {
+                let a = range.parse::<usize>().ok()?;
+                (a, a)
+            }
+        };
+        for cpu in a..=b {
+            let topo = format!("/sys/devices/system/cpu/cpu{cpu}/topology");
+            let read = |f: &str| {
+                std::fs::read_to_string(format!("{topo}/{f}"))
+                    .ok()
+                    .map(|s| s.trim().to_string())
+            };
+            cores.insert((read("physical_package_id")?, read("core_id")?));
+        }
+    }
+    (!cores.is_empty()).then_some(cores.len())
 }
 
 /// `f(i, chunk i)` for the `len`-wide chunks of `out`, on the kernels' threads (models own no

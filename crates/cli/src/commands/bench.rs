@@ -369,6 +369,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         let more = serde_json::json!({
             "model": args.model.describe(),
             "seed": seed,
+            "threads": strata_kernels::threads(),
             "load_s": load_s,
             "expert_cache_bytes": store.budget(),
             "memory_plan": super::inspect::memory_json(&engine.memory),

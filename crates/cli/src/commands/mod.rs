@@ -29,6 +29,10 @@ use crate::default_model;
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Compute threads (matrix products, attention heads). Default: one per physical core
+    /// (or RAYON_NUM_THREADS when set).
+    #[arg(long, short = 't', global = true, value_name = "N")]
+    threads: Option<usize>,
 }
 
 #[derive(Subcommand)]
@@ -332,6 +336,8 @@ pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
 }
 
 pub fn dispatch(cli: Cli) -> Result<()> {
+    let threads = strata_kernels::init_threads(cli.threads);
+    tracing::debug!("compute threads: {threads}");
     match cli.command {
         Command::Run(a) => run::run(a),
         Command::Logits(a) => tokens::logits(a),

@@ -45,7 +45,8 @@ pub struct RunArgs {
     #[arg(long, short = 'n', default_value_t = 256, value_name = "N")]
     max_tokens: usize,
     /// Sampling temperature; 0 = greedy. Default: the model's generation_config.json, else 0.
-    #[arg(long, short = 't', value_name = "T")]
+    /// (`-t` is the thread count, as in llama.cpp.)
+    #[arg(long, alias = "temp", value_name = "T")]
     temperature: Option<f32>,
     /// Nucleus sampling: keep the smallest set of tokens whose probability reaches P (1 = off).
     #[arg(long, value_name = "P")]
