@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite: the Rust workspace (unit, golden and CLI tests), then the HTTP API suite
+# The whole test suite: the Rust workspace (unit, golden and CLI tests), the NEON kernels under
+# emulation, then the HTTP API suite
 # (pytest + the official `openai` client against `strata serve`) in a venv under target/, then
 # a short run of each fuzz target. Needs ../shared/fixtures (or STRATA_FIXTURES), python3 with
 # venv, and PyPI and crates.io for the first run.
@@ -8,6 +9,18 @@ cd "$(dirname "$0")/.."
 
 cargo test --workspace --locked
 cargo build --locked -p strata-cli
+
+# The aarch64 NEON kernels against their scalar twins, built for aarch64 and run under qemu-user
+# (../shared/tools/aarch64-test.sh installs Debian's cross toolchain and qemu the first time,
+# which needs root).
+a64=../shared/tools/aarch64-test.sh
+if [ "$(uname -m)" = x86_64 ] && [ -x "$a64" ]; then
+    if [ "$(id -u)" = 0 ] || command -v qemu-aarch64 >/dev/null; then
+        "$a64" -p strata-kernels --release --locked --test neon
+    else
+        echo "NEON kernel tests not run: $a64 needs root to install the aarch64 toolchain" >&2
+    fi
+fi
 
 venv=target/venv-api
 if [ ! -x "$venv/bin/python" ]; then

@@ -83,12 +83,16 @@ pub(crate) fn tree8(a: [f32; 8]) -> f32 {
 
 /// The variant of one-token product `isa()` picks.
 macro_rules! pick {
-    ($avx512:path, $avx2:path, $reference:path) => {{
+    ($avx512:path, $avx2:path, $neon:path, $reference:path) => {{
         #[cfg(target_arch = "x86_64")]
         match crate::isa::isa() {
             crate::isa::Isa::Avx512 => return $avx512,
             crate::isa::Isa::Avx2 => return $avx2,
-            crate::isa::Isa::Scalar => {}
+            _ => {}
+        }
+        #[cfg(target_arch = "aarch64")]
+        if crate::isa::isa() == crate::isa::Isa::Neon {
+            return $neon;
         }
         $reference
     }};
@@ -101,6 +105,7 @@ pub fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
         pick!(
             crate::avx512::dot_f32_entry,
             x86::dot_f32_avx2_entry,
+            crate::neon::dot_f32_entry,
             dot_f32_reference
         )
     }))(w, x)
@@ -112,6 +117,7 @@ pub fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
         pick!(
             crate::avx512::dot_bf16_entry,
             x86::dot_bf16_avx2_entry,
+            crate::neon::dot_bf16_entry,
             dot_bf16_reference
         )
     }))(w, x)
@@ -123,6 +129,7 @@ pub fn dot_f16(w: &[u16], x: &[f32]) -> f32 {
         pick!(
             crate::avx512::dot_f16_entry,
             x86::dot_f16_avx2_entry,
+            crate::neon::dot_f16_entry,
             dot_f16_reference
         )
     }))(w, x)
@@ -146,7 +153,12 @@ macro_rules! tokens_entry {
                 }
                 // SAFETY: as above.
                 crate::isa::Isa::Avx2 => return unsafe { x86::$simd(w, in_dim, xs, out) },
-                crate::isa::Isa::Scalar => {}
+                _ => {}
+            }
+            #[cfg(target_arch = "aarch64")]
+            if crate::isa::isa() == crate::isa::Isa::Neon {
+                // SAFETY: every aarch64 CPU has NEON.
+                return unsafe { crate::neon::$simd(w, None, in_dim, xs, out) };
             }
             for (row, o) in w.chunks_exact(in_dim).zip(out.chunks_exact_mut(tokens)) {
                 for (v, x) in o.iter_mut().zip(xs) {

@@ -58,6 +58,10 @@ pub fn dot_fp8(w: &[u8], scales: &[f32], block: usize, x: &[f32]) -> f32 {
         if crate::dot::has_avx2_fma_f16c() {
             return x86::dot_fp8_avx2_entry;
         }
+        #[cfg(target_arch = "aarch64")]
+        if crate::isa::isa() == crate::isa::Isa::Neon {
+            return crate::neon::dot_fp8;
+        }
         dot_fp8_reference
     }))(w, scales, block, x)
 }
@@ -276,6 +280,7 @@ pub fn prepare_reference(x: &[f32]) -> Vec<f32> {
 }
 
 /// An E4M3 byte at 2^-8 of its value (the bits of the SIMD decode, one byte): exact.
+#[cfg(target_arch = "x86_64")]
 fn e4m3_scaled(b: u8) -> f32 {
     half::f16::from_bits(((((b as i8) as i16) << 7) as u16) & 0xBF80).to_f32()
 }
@@ -303,6 +308,7 @@ pub fn scale_activation_reference(xs: &[f32], scales: &[f32], block: usize, out:
 
 /// Whether rows take the scaled-activation kernel (the SIMD one; any block width, the
 /// activation being in input order).
+#[cfg(target_arch = "x86_64")]
 fn scaled_path(block: usize) -> bool {
     let _ = block;
     #[cfg(target_arch = "x86_64")]
@@ -481,6 +487,7 @@ mod tests {
 
     /// The SIMD decode's one-byte twin is every finite code's value times 2^-8, subnormal codes
     /// included (as normal f32: no product takes an f32 subnormal).
+    #[cfg(target_arch = "x86_64")]
     #[test]
     fn the_scaled_decode_is_exact_and_never_subnormal() {
         for b in 0..=255u8 {

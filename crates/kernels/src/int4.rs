@@ -136,18 +136,17 @@ pub fn rows_int4_tokens(
     let (words, groups) = (n.div_ceil(8), n.div_ceil(group));
     let packed = &packed[rows.start * words..rows.end * words];
     let scales = &scales[rows.start * groups..rows.end * groups];
-    #[cfg(target_arch = "x86_64")]
-    if crate::dot::has_avx2_fma_f16c() {
+    if intdot::simd() {
         let fast = intdot::with_acts(ps, |acts| {
-            // SAFETY: u32 words are little-endian bytes on x86; the byte view covers the same memory.
+            // SAFETY: u32 words are little-endian bytes on the CPUs with `intdot::simd()` (x86-64,
+            // little-endian aarch64); the byte view covers the same memory.
             let bytes = unsafe { std::slice::from_raw_parts(packed.as_ptr() as *const u8, packed.len() * 4) };
             let s = if group == 32 {
-                intdot::x86::Scales::Bf16Group32(scales)
+                intdot::Scales::Bf16Group32(scales)
             } else {
-                intdot::x86::Scales::Bf16Wide(scales, group.trailing_zeros())
+                intdot::Scales::Bf16Wide(scales, group.trailing_zeros())
             };
-            // SAFETY: avx2 and fma were detected.
-            unsafe { intdot::x86::dot_rows_avx2(bytes, words * 4, s, groups, None, acts, out) };
+            intdot::dot_rows(bytes, words * 4, s, groups, None, acts, out);
             for (t, (a, x)) in acts.iter().zip(xs).enumerate() {
                 intdot::add_tails(out, tokens, t, a, n, |i, j| {
                     int4_at(&packed[i * words..], j) as f32

@@ -53,6 +53,7 @@ pub fn dot_int8(w: &[i8], scale: f32, x: &[f32]) -> f32 {
         crate::dot::pick!(
             crate::avx512::dot_int8_entry,
             x86::dot_int8_avx2_entry,
+            crate::neon::dot_int8_entry,
             dot_int8_reference
         )
     }))(w, scale, x)
@@ -151,7 +152,12 @@ pub fn rows_int8_tokens(w: &[i8], scales: &[f32], in_dim: usize, xs: &[&[f32]], 
         }
         // SAFETY: as above.
         crate::isa::Isa::Avx2 => return unsafe { x86::tokens_int8(w, scales, in_dim, xs, out) },
-        crate::isa::Isa::Scalar => {}
+        _ => {}
+    }
+    #[cfg(target_arch = "aarch64")]
+    if crate::isa::isa() == crate::isa::Isa::Neon {
+        // SAFETY: every aarch64 CPU has NEON.
+        return unsafe { crate::neon::tokens_i8(w, Some(scales), in_dim, xs, out) };
     }
     for (r, &scale) in scales.iter().enumerate() {
         for (t, x) in xs.iter().enumerate() {

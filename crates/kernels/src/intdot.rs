@@ -218,6 +218,90 @@ pub fn dot_reference(values: &[u8], half_scales: &[f32], a: &IntAct) -> f32 {
     total
 }
 
+/// How the weights' scales are stored.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Scales<'a> {
+    /// One BF16 per 32 inputs (INT4 group 32).
+    Bf16Group32(&'a [u16]),
+    /// One BF16 per `1 << shift` inputs, shift >= 6 (a block never straddles two groups).
+    Bf16Wide(&'a [u16], u32),
+    /// One E8M0 byte per 32 inputs (MXFP4).
+    E8m0(&'a [u8]),
+}
+
+impl Scales<'_> {
+    /// (kind, shift, pointer, bytes per row), after checking that every block of `blocks` in
+    /// each of `rows` rows, `per_row` scales apart, has its scales.
+    pub(crate) fn raw(self, blocks: usize, rows: usize, per_row: usize) -> (u8, u32, *const u8, usize) {
+        let (kind, shift, len, size, p) = match self {
+            Scales::Bf16Group32(s) => (0, 0, s.len(), 2, s.as_ptr() as *const u8),
+            Scales::Bf16Wide(s, shift) => (1, shift, s.len(), 2, s.as_ptr() as *const u8),
+            Scales::E8m0(s) => (2, 0, s.len(), 1, s.as_ptr()),
+        };
+        // Scales of one row's whole blocks.
+        let need = match kind {
+            1 => {
+                assert!(shift >= 6);
+                if blocks == 0 {
+                    0
+                } else {
+                    (((blocks - 1) * BLOCK) >> shift) + 1
+                }
+            }
+            _ => blocks * 2,
+        };
+        assert!(rows == 0 || (per_row >= need && len >= (rows - 1) * per_row + need));
+        (kind, shift, p, per_row * size)
+    }
+}
+
+/// Checks a rows-by-tokens call of the SIMD kernels (every token's activation has the same
+/// blocks, every row's packed bytes are there) and gives (blocks, rows).
+pub(crate) fn check_rows(packed: &[u8], row_bytes: usize, acts: &[&IntAct], out: &[f32]) -> (usize, usize) {
+    let tokens = acts.len();
+    assert!(tokens > 0 && out.len().is_multiple_of(tokens));
+    let (blocks, rows) = (acts[0].blocks.len(), out.len() / tokens);
+    assert!(acts.iter().all(|a| a.blocks.len() == blocks));
+    assert!(row_bytes >= blocks * 32 && (rows == 0 || packed.len() >= (rows - 1) * row_bytes + blocks * 32));
+    (blocks, rows)
+}
+
+/// Whether [`dot_rows`] has a SIMD kernel on this CPU (else the callers take the f32 twins).
+pub fn simd() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return crate::dot::has_avx2_fma_f16c();
+    #[cfg(all(target_arch = "aarch64", target_endian = "little"))]
+    return crate::isa::isa() == crate::isa::Isa::Neon;
+    #[allow(unreachable_code)]
+    false
+}
+
+/// The SIMD kernel of the CPU ([`x86::dot_rows_avx2`] or [`crate::neon_intdot::dot_rows`]): row
+/// i's packed bytes at `i * row_bytes`, its scales `i * scales_per_row` into `scales`,
+/// `out[i * T + t]` row i times token t (T = `acts.len()`), each token's sum in the steps of a
+/// one-token call. Panics when [`simd`] is false.
+pub fn dot_rows(
+    packed: &[u8],
+    row_bytes: usize,
+    scales: Scales,
+    scales_per_row: usize,
+    lut: Option<&[u8; 16]>,
+    acts: &[&IntAct],
+    out: &mut [f32],
+) {
+    assert!(simd(), "no SIMD integer kernel on this CPU");
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `simd()` found AVX2 and FMA.
+    unsafe {
+        x86::dot_rows_avx2(packed, row_bytes, scales, scales_per_row, lut, acts, out)
+    }
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: `simd()` found NEON (every aarch64 CPU has it).
+    unsafe {
+        crate::neon_intdot::dot_rows(packed, row_bytes, scales, scales_per_row, lut, acts, out)
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 pub mod x86 {
     //! AVX2: per block of 64 inputs, one 32-byte load of weights and two nibble masks (then the
@@ -348,42 +432,7 @@ pub mod x86 {
         a
     }
 
-    /// How the weights' scales are stored.
-    #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-    pub enum Scales<'a> {
-        /// One BF16 per 32 inputs (INT4 group 32).
-        Bf16Group32(&'a [u16]),
-        /// One BF16 per `1 << shift` inputs, shift >= 6 (a block never straddles two groups).
-        Bf16Wide(&'a [u16], u32),
-        /// One E8M0 byte per 32 inputs (MXFP4).
-        E8m0(&'a [u8]),
-    }
-
-    impl Scales<'_> {
-        /// (kind, shift, pointer, bytes per row), after checking that every block of `blocks` in
-        /// each of `rows` rows, `per_row` scales apart, has its scales.
-        fn raw(self, blocks: usize, rows: usize, per_row: usize) -> (u8, u32, *const u8, usize) {
-            let (kind, shift, len, size, p) = match self {
-                Scales::Bf16Group32(s) => (0, 0, s.len(), 2, s.as_ptr() as *const u8),
-                Scales::Bf16Wide(s, shift) => (1, shift, s.len(), 2, s.as_ptr() as *const u8),
-                Scales::E8m0(s) => (2, 0, s.len(), 1, s.as_ptr()),
-            };
-            // Scales of one row's whole blocks.
-            let need = match kind {
-                1 => {
-                    assert!(shift >= 6);
-                    if blocks == 0 {
-                        0
-                    } else {
-                        (((blocks - 1) * BLOCK) >> shift) + 1
-                    }
-                }
-                _ => blocks * 2,
-            };
-            assert!(rows == 0 || (per_row >= need && len >= (rows - 1) * per_row + need));
-            (kind, shift, p, per_row * size)
-        }
-    }
+    pub use super::Scales;
 
     /// The sum over the whole blocks of `a`. `packed` holds at least 32 bytes per block (low
     /// nibble = even input); `lut` maps a nibble to its unsigned byte (none: the nibble itself).
@@ -440,13 +489,7 @@ pub mod x86 {
         acts: &[&IntAct],
         out: &mut [f32],
     ) {
-        let tokens = acts.len();
-        assert!(tokens > 0 && out.len().is_multiple_of(tokens));
-        let (blocks, rows) = (acts[0].blocks.len(), out.len() / tokens);
-        assert!(acts.iter().all(|a| a.blocks.len() == blocks));
-        assert!(
-            row_bytes >= blocks * 32 && (rows == 0 || packed.len() >= (rows - 1) * row_bytes + blocks * 32)
-        );
+        let (blocks, rows) = super::check_rows(packed, row_bytes, acts, out);
         let (kind, shift, sp, scale_row) = scales.raw(blocks, rows, scales_per_row);
         let p = packed.as_ptr();
         let rows_of = match (vnni, lut.is_some(), kind) {

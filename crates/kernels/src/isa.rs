@@ -1,4 +1,4 @@
-//! Which SIMD kernels run: the best the CPU has, chosen once. `STRATA_ISA=avx512|avx2|scalar`
+//! Which SIMD kernels run: the best the CPU has, chosen once. `STRATA_ISA=avx512|avx2|neon|scalar`
 //! asks for a lesser one (to compare variants side by side on one machine); a request for one
 //! the CPU lacks falls back to the best it has. Every product of a process uses the same choice,
 //! so a sequence's sums never depend on which kernel a batch size picked.
@@ -14,6 +14,9 @@ pub enum Isa {
     /// x86-64 AVX-512 F (with AVX2 + FMA + F16C) for the dense and INT8 formats, VNNI for the
     /// 4-bit ones where the CPU has it; FP8 keeps its AVX2 kernel.
     Avx512,
+    /// aarch64 Advanced SIMD (NEON), which every aarch64 CPU has: the dense, INT8, FP8 and
+    /// 4-bit kernels of `neon.rs` and `neon_intdot.rs`.
+    Neon,
 }
 
 impl Isa {
@@ -22,6 +25,7 @@ impl Isa {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
+            Isa::Neon => "neon",
         }
     }
 }
@@ -40,6 +44,10 @@ pub fn detected() -> Isa {
             return Isa::Avx2;
         }
     }
+    #[cfg(all(target_arch = "aarch64", target_endian = "little"))]
+    if std::arch::is_aarch64_feature_detected!("neon") {
+        return Isa::Neon;
+    }
     Isa::Scalar
 }
 
@@ -50,9 +58,10 @@ pub fn isa() -> Isa {
         let best = detected();
         let asked = match std::env::var("STRATA_ISA").ok().as_deref() {
             Some("scalar") => Isa::Scalar,
-            Some("avx2") => Isa::Avx2,
+            Some("avx2") if best != Isa::Neon => Isa::Avx2,
             _ => best,
         };
+        // The x86 variants are ordered; NEON is the only choice besides scalar on aarch64.
         asked.min(best)
     })
 }

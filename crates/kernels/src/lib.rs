@@ -19,6 +19,10 @@ pub mod isa;
 mod linear;
 pub mod membw;
 pub mod mxfp4;
+#[cfg(target_arch = "aarch64")]
+pub mod neon;
+#[cfg(target_arch = "aarch64")]
+pub mod neon_intdot;
 pub mod storage;
 
 pub use linear::{u16_vec_from_bytes, weight_bytes_touched, Linear, Prepared, WeightData};

@@ -407,23 +407,23 @@ impl Linear {
         WEIGHT_BYTES.fetch_add(self.bytes() as u64, std::sync::atomic::Ordering::Relaxed);
         let prepared: Vec<Prepared> = xs.chunks_exact(n).map(|x| self.prepare(x)).collect();
         let work = self.out_dim * self.in_dim * n_tokens;
-        if work < PARALLEL_MIN_WORK || crate::threads() == 1 {
-            for (t, y) in ys.chunks_exact_mut(self.out_dim).enumerate() {
-                self.rows_dot_prepared(0..self.out_dim, &xs[t * n..(t + 1) * n], &prepared[t], y);
-            }
-            return;
-        }
-        // Row blocks in parallel; each block computes its rows for every token, so each weight
-        // row is read once per step. With one token the output rows are contiguous already.
+        let serial = work < PARALLEL_MIN_WORK || crate::threads() == 1;
         if n_tokens == 1 {
+            if serial {
+                self.rows_dot_prepared(0..self.out_dim, xs, &prepared[0], ys);
+                return;
+            }
+            // Row blocks in parallel; with one token the output rows are contiguous already.
             ys.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each(|(b, out)| {
                 let r0 = b * ROWS_PER_TASK;
                 self.rows_dot_prepared(r0..r0 + out.len(), xs, &prepared[0], out);
             });
             return;
         }
-        // The dense kernels load each activation vector once per row: on a 64-byte boundary
-        // (a copy, once per product) none of those loads straddles two cache lines.
+        // Several tokens: each block of rows computes its rows for every token, so each weight
+        // row is read once per product (on one thread too). The dense kernels load each
+        // activation vector once per row: on a 64-byte boundary (a copy, once per product) none
+        // of those loads straddles two cache lines.
         let dense = matches!(
             self.data,
             WeightData::F32(_) | WeightData::Bf16(_) | WeightData::F16(_) | WeightData::Int8 { .. }
@@ -431,13 +431,21 @@ impl Linear {
         let lines = (dense && !(xs.as_ptr() as usize).is_multiple_of(64)).then(|| Line::copy(xs));
         let xs = lines.as_deref().map_or(xs, |l| &Line::as_f32s(l)[..xs.len()]);
         let mut by_row = vec![0f32; self.out_dim * n_tokens]; // (out, T)
-        by_row
-            .par_chunks_mut(ROWS_PER_TASK * n_tokens)
-            .enumerate()
-            .for_each(|(b, out)| {
-                let r0 = b * ROWS_PER_TASK;
-                self.rows_dot_prepared_tokens(r0..r0 + out.len() / n_tokens, xs, &prepared, out);
-            });
+        let block = |(b, out): (usize, &mut [f32])| {
+            let r0 = b * ROWS_PER_TASK;
+            self.rows_dot_prepared_tokens(r0..r0 + out.len() / n_tokens, xs, &prepared, out);
+        };
+        if serial {
+            by_row
+                .chunks_mut(ROWS_PER_TASK * n_tokens)
+                .enumerate()
+                .for_each(block);
+        } else {
+            by_row
+                .par_chunks_mut(ROWS_PER_TASK * n_tokens)
+                .enumerate()
+                .for_each(block);
+        }
         for (r, row_out) in by_row.chunks_exact(n_tokens).enumerate() {
             for (t, v) in row_out.iter().enumerate() {
                 ys[t * self.out_dim + r] = *v;

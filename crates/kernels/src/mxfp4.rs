@@ -162,12 +162,10 @@ pub fn rows_mxfp4_tokens(
     let (bytes, groups) = (n.div_ceil(2), n.div_ceil(GROUP));
     let packed = &packed[rows.start * bytes..rows.end * bytes];
     let scales = &scales[rows.start * groups..rows.end * groups];
-    #[cfg(target_arch = "x86_64")]
-    if crate::dot::has_avx2_fma_f16c() {
+    if intdot::simd() {
         let fast = intdot::with_acts(ps, |acts| {
-            let s = intdot::x86::Scales::E8m0(scales);
-            // SAFETY: avx2 and fma were detected.
-            unsafe { intdot::x86::dot_rows_avx2(packed, bytes, s, groups, Some(&INTDOT_LUT), acts, out) };
+            let s = intdot::Scales::E8m0(scales);
+            intdot::dot_rows(packed, bytes, s, groups, Some(&INTDOT_LUT), acts, out);
             for (t, (a, x)) in acts.iter().zip(xs).enumerate() {
                 intdot::add_tails(out, tokens, t, a, n, |i, j| {
                     E2M1[code_at(&packed[i * bytes..], j) as usize]
