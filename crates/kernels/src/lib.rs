@@ -9,6 +9,8 @@
 #![allow(clippy::needless_range_loop)]
 
 #[cfg(target_arch = "x86_64")]
+pub mod amx;
+#[cfg(target_arch = "x86_64")]
 pub mod avx512;
 pub mod dot;
 pub mod fp8;

@@ -248,7 +248,14 @@ impl Linear {
         let (a, b) = (r * n, (r + 1) * n);
         match &self.data {
             WeightData::F32(w) => dot::dot_f32(&w[a..b], x),
-            WeightData::Bf16(w) => dot::dot_bf16(&w[a..b], x),
+            WeightData::Bf16(w) => {
+                if let Some(w) = self.amx_bf16() {
+                    let mut y = [0f32];
+                    amx_product(w, n, r..r + 1, x, 1, &mut y);
+                    return y[0];
+                }
+                dot::dot_bf16(&w[a..b], x)
+            }
             WeightData::F16(w) => dot::dot_f16(&w[a..b], x),
             WeightData::Fp8 { w, scales, block } => {
                 let per_row = n.div_ceil(block.1);
@@ -316,6 +323,9 @@ impl Linear {
     pub fn rows_dot_prepared(&self, rows: std::ops::Range<usize>, x: &[f32], p: &Prepared, out: &mut [f32]) {
         assert_eq!(out.len(), rows.len());
         assert!(rows.end <= self.out_dim && x.len() == self.in_dim);
+        if let Some(w) = self.amx_bf16() {
+            return amx_product(w, self.in_dim, rows, x, 1, out);
+        }
         match (&self.data, p) {
             (
                 WeightData::Int4 {
@@ -350,6 +360,9 @@ impl Linear {
     ) {
         let tokens = prepared.len();
         assert!(xs.len() == tokens * self.in_dim && out.len() == rows.len() * tokens);
+        if let Some(w) = self.amx_bf16() {
+            return amx_product(w, self.in_dim, rows, xs, tokens, out);
+        }
         let x_of: Vec<&[f32]> = xs.chunks_exact(self.in_dim).collect();
         let n = self.in_dim;
         let span = rows.start * n..rows.end * n;
@@ -405,6 +418,9 @@ impl Linear {
         assert_eq!(ys.len(), n_tokens * self.out_dim, "matmul output is not (T, out)");
         let n = self.in_dim;
         WEIGHT_BYTES.fetch_add(self.bytes() as u64, std::sync::atomic::Ordering::Relaxed);
+        if let Some(w) = self.amx_bf16() {
+            return self.matmul_amx(w, xs, n_tokens, ys);
+        }
         let prepared: Vec<Prepared> = xs.chunks_exact(n).map(|x| self.prepare(x)).collect();
         let work = self.out_dim * self.in_dim * n_tokens;
         let serial = work < PARALLEL_MIN_WORK || crate::threads() == 1;
@@ -453,9 +469,63 @@ impl Linear {
         }
     }
 
+    /// The BF16 weights when every BF16 product of the process runs on AMX tiles
+    /// ([`crate::amx::enabled`]; batch invariance needs all of them there).
+    fn amx_bf16(&self) -> Option<&[u16]> {
+        match &self.data {
+            #[cfg(target_arch = "x86_64")]
+            WeightData::Bf16(w) if crate::amx::enabled() => Some(w),
+            _ => None,
+        }
+    }
+
+    /// [`Linear::matmul`] on AMX tiles: the activations laid out once, blocks of 32 rows on the
+    /// kernels' threads.
+    fn matmul_amx(&self, w: &[u16], xs: &[f32], n_tokens: usize, ys: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let n = self.in_dim;
+            let act = crate::amx::AmxAct::new(xs, n_tokens, n);
+            let per_task = 2 * crate::amx::ROWS * n_tokens;
+            let task = |(b, out): (usize, &mut [f32])| {
+                let r0 = b * 2 * crate::amx::ROWS;
+                // SAFETY: `amx_bf16` saw `amx::enabled()`.
+                unsafe { amx_rows(w, n, r0..r0 + out.len() / n_tokens, &act, out) }
+            };
+            let serial = self.out_dim * n * n_tokens < PARALLEL_MIN_WORK || crate::threads() == 1;
+            let mut by_row = if n_tokens == 1 {
+                Vec::new()
+            } else {
+                vec![0f32; ys.len()]
+            };
+            let out: &mut [f32] = if n_tokens == 1 { ys } else { &mut by_row };
+            if serial {
+                out.chunks_mut(per_task).enumerate().for_each(task);
+            } else {
+                out.par_chunks_mut(per_task).enumerate().for_each(task);
+            }
+            if n_tokens > 1 {
+                for (r, row_out) in by_row.chunks_exact(n_tokens).enumerate() {
+                    for (t, v) in row_out.iter().enumerate() {
+                        ys[t * self.out_dim + r] = *v;
+                    }
+                }
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        unreachable!(
+            "AMX on {} weights {w:p} {xs:p} {n_tokens} {}",
+            self.out_dim,
+            ys.len()
+        );
+    }
+
     /// W[rows] (n, in) @ x (in,) -> y (n,): a block of rows, e.g. one head of a fused projection.
     pub fn matvec_rows(&self, rows: std::ops::Range<usize>, x: &[f32], y: &mut [f32]) {
         assert_eq!(y.len(), rows.len());
+        if let Some(w) = self.amx_bf16() {
+            return amx_product(w, self.in_dim, rows, x, 1, y);
+        }
         for (o, r) in y.iter_mut().zip(rows) {
             *o = self.row_dot(r, x);
         }
@@ -563,6 +633,45 @@ impl Linear {
         self.decode_row(r, &mut out);
         out
     }
+}
+
+/// `out[(r - rows.start) * T + t] = row r . xs[t]` on AMX tiles, the activations (T x in_dim)
+/// laid out for this call.
+fn amx_product(
+    w: &[u16],
+    in_dim: usize,
+    rows: std::ops::Range<usize>,
+    xs: &[f32],
+    tokens: usize,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let act = crate::amx::AmxAct::new(xs, tokens, in_dim);
+        // SAFETY: callers saw `amx::enabled()` (`Linear::amx_bf16`).
+        unsafe { amx_rows(w, in_dim, rows, &act, out) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("AMX for {w:p} {in_dim} {rows:?} {xs:p} {tokens} {}", out.len());
+}
+
+/// [`crate::amx::rows`] into `out[(r - rows.start) * T + t]`.
+///
+/// # Safety
+/// [`crate::amx::enabled`] must be true.
+#[cfg(target_arch = "x86_64")]
+unsafe fn amx_rows(
+    w: &[u16],
+    in_dim: usize,
+    rows: std::ops::Range<usize>,
+    act: &crate::amx::AmxAct,
+    out: &mut [f32],
+) {
+    let t = act.tokens;
+    assert_eq!(out.len(), rows.len() * t);
+    crate::amx::rows(w, in_dim, rows.start, rows.len(), act, |r, j, v| {
+        out[r * t + j] = v
+    })
 }
 
 #[cfg(test)]
