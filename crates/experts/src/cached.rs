@@ -589,8 +589,10 @@ impl Shared {
 impl ExpertStore for CachedStore {
     fn get(&self, layer: usize, ids: &[usize]) -> Result<Vec<Arc<Expert>>, BoxError> {
         let mut out: Vec<Option<Arc<Expert>>> = vec![None; ids.len()];
-        self.get_each(layer, ids, &mut |i, expert| {
-            out[i] = Some(expert);
+        self.get_batches(layer, ids, &mut |batch| {
+            for (i, expert) in batch {
+                out[*i] = Some(expert.clone());
+            }
             Ok(())
         })?;
         Ok(out
@@ -599,13 +601,13 @@ impl ExpertStore for CachedStore {
             .collect())
     }
 
-    /// Hits are handed over at once, while every miss is already in flight; misses follow in the
-    /// order their reads complete.
-    fn get_each(
+    /// Hits are handed over at once (one batch), while every miss is already in flight; misses
+    /// follow in the order their reads complete, each batch every read completed by then.
+    fn get_batches(
         &self,
         layer: usize,
         ids: &[usize],
-        on_ready: &mut dyn FnMut(usize, Arc<Expert>) -> Result<(), BoxError>,
+        on_ready: &mut strata_models::OnReady,
     ) -> Result<(), BoxError> {
         let s = &self.shared;
         for &e in ids {
@@ -634,8 +636,8 @@ impl ExpertStore for CachedStore {
             e.0 += hits.len() as u64;
             e.1 += misses as u64;
         }
-        for (i, expert) in hits {
-            on_ready(i, expert)?;
+        if !hits.is_empty() {
+            on_ready(&hits)?;
         }
         if s.demand_paging {
             return s.read_on_demand(layer, ids, &missed, on_ready);
@@ -651,25 +653,33 @@ impl ExpertStore for CachedStore {
             }
         }
         let mut waited = std::time::Duration::ZERO;
+        let mut ready = Vec::new();
         while waiting > 0 {
             let t0 = std::time::Instant::now();
-            let i = rx.recv().expect("a sender is held here");
+            let first = rx.recv().expect("a sender is held here");
             waited += t0.elapsed();
-            let slot = slots[i].as_ref().expect("slot of a miss");
-            match slot.slot.result().expect("completed") {
-                Ok(expert) => {
-                    waiting -= 1;
-                    on_ready(i, expert)?;
-                }
-                // A guess cancelled just before this layer claimed it: read it now.
-                Err(msg) if msg == CANCELLED => {
-                    let again = s.request((layer, ids[i]), false);
-                    if again.slot.result_or_listen(&tx, i).is_some() {
-                        tx.send(i).expect("own channel");
+            // This read and every other one completed by now: one batch.
+            for i in std::iter::once(first).chain(std::iter::from_fn(|| rx.try_recv().ok())) {
+                let slot = slots[i].as_ref().expect("slot of a miss");
+                match slot.slot.result().expect("completed") {
+                    Ok(expert) => {
+                        waiting -= 1;
+                        ready.push((i, expert));
                     }
-                    slots[i] = Some(again);
+                    // A guess cancelled just before this layer claimed it: read it now.
+                    Err(msg) if msg == CANCELLED => {
+                        let again = s.request((layer, ids[i]), false);
+                        if again.slot.result_or_listen(&tx, i).is_some() {
+                            tx.send(i).expect("own channel");
+                        }
+                        slots[i] = Some(again);
+                    }
+                    Err(msg) => return Err(msg.into()),
                 }
-                Err(msg) => return Err(msg.into()),
+            }
+            if !ready.is_empty() {
+                on_ready(&ready)?;
+                ready.clear();
             }
         }
         s.stats

@@ -35,7 +35,7 @@ pub use error::ModelError;
 pub use info::{ModelInfo, TensorSummary};
 pub use registry::{family_for, load_model, ConfigSummary, Family, TensorDesc, FAMILIES};
 pub use spine::{layer_of, BlockBuilder, Layer, LayerStore, Loading, StreamedLayer};
-pub use store::{Expert, ExpertLayout, ExpertStore};
+pub use store::{Expert, ExpertLayout, ExpertStore, OnReady, Ready, StoreError};
 pub use strata_weights::{load_linear, load_vector, resolve_linear, LinearFormat, LinearSpec};
 pub use trace::{RoutingRecord, Trace};
 

@@ -5,6 +5,15 @@ use std::sync::Arc;
 
 pub use strata_weights::{Expert, ExpertLayout};
 
+/// Experts as a store hands them over: (index in the ids asked for, expert).
+pub type Ready = [(usize, Arc<Expert>)];
+
+/// What a store reports when it cannot produce an expert.
+pub type StoreError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What [`ExpertStore::get_batches`] calls with each batch.
+pub type OnReady<'a> = dyn FnMut(&Ready) -> Result<(), StoreError> + 'a;
+
 pub trait ExpertStore: Send + Sync {
     /// The experts `ids` of MoE layer `layer` (a decoder layer index), in the order asked.
     /// Never fewer: a store that cannot produce an expert returns an error.
@@ -14,18 +23,12 @@ pub trait ExpertStore: Send + Sync {
         ids: &[usize],
     ) -> Result<Vec<Arc<Expert>>, Box<dyn std::error::Error + Send + Sync>>;
 
-    /// Like `get`, but hands each expert to `on_ready(index in ids, expert)` as soon as it is
-    /// available, so it can be computed while the others are still being read.
-    fn get_each(
-        &self,
-        layer: usize,
-        ids: &[usize],
-        on_ready: &mut dyn FnMut(usize, Arc<Expert>) -> Result<(), Box<dyn std::error::Error + Send + Sync>>,
-    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-        for (i, expert) in self.get(layer, ids)?.into_iter().enumerate() {
-            on_ready(i, expert)?;
-        }
-        Ok(())
+    /// Like `get`, but hands the experts over in batches as they become available,
+    /// `on_ready(&[(index in ids, expert)])`, so the ones at hand can be computed (together)
+    /// while the others are still being read. Every index comes exactly once.
+    fn get_batches(&self, layer: usize, ids: &[usize], on_ready: &mut OnReady) -> Result<(), StoreError> {
+        let all: Vec<(usize, Arc<Expert>)> = self.get(layer, ids)?.into_iter().enumerate().collect();
+        on_ready(&all)
     }
 
     /// `ids` of `layer` are needed now: start reading the misses (the `get` that follows waits).

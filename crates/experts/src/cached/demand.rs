@@ -16,7 +16,7 @@ impl Shared {
         layer: usize,
         ids: &[usize],
         misses: &[usize],
-        on_ready: &mut dyn FnMut(usize, Arc<Expert>) -> Result<(), BoxError>,
+        on_ready: &mut strata_models::OnReady,
     ) -> Result<(), BoxError> {
         let t0 = std::time::Instant::now();
         let next = std::sync::atomic::AtomicUsize::new(0);
@@ -41,11 +41,12 @@ impl Shared {
             .wait_ns
             .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         read.sort_by_key(|r| r.0);
+        let mut batch = Vec::with_capacity(read.len());
         for (i, result) in read {
             let expert = Arc::new(result?);
             self.insert((layer, ids[i]), expert.clone());
-            on_ready(i, expert)?;
+            batch.push((i, expert));
         }
-        Ok(())
+        on_ready(&batch)
     }
 }

@@ -211,24 +211,33 @@ impl MoeLayer {
             _ => (x, self.router.weight.in_dim),
         };
 
-        // Each routed expert is computed as soon as the store hands it over (cache hits first,
-        // then reads in completion order), for every token routed to it.
+        // The routed experts are computed as soon as the store hands them over (the cache hits
+        // at once, then reads in completion order), each for every token routed to it; the
+        // experts of one batch side by side on the kernels' threads (small products alone
+        // would leave most cores waiting on their fork and join).
         let tokens_of: Vec<&Vec<(usize, f32)>> = assigned.values().collect();
         let mut contributions: Vec<Vec<(usize, Vec<f32>)>> = vec![Vec::new(); n_tokens];
         let mut delivered = 0;
         self.store
-            .get_each(self.layer, &ids, &mut |i, expert| {
-                let tokens = tokens_of[i];
-                let mut xe = Vec::with_capacity(tokens.len() * d); // (n_e, D)
-                for &(t, _) in tokens {
-                    xe.extend_from_slice(&xr[t * d..(t + 1) * d]);
+            .get_batches(self.layer, &ids, &mut |batch| {
+                let mut outs: Vec<Vec<f32>> = vec![Vec::new(); batch.len()];
+                strata_kernels::for_each_chunk(&mut outs, 1, |b, out| {
+                    let (i, expert) = &batch[b];
+                    let tokens = tokens_of[*i];
+                    let mut xe = Vec::with_capacity(tokens.len() * d); // (n_e, D)
+                    for &(t, _) in tokens {
+                        xe.extend_from_slice(&xr[t * d..(t + 1) * d]);
+                    }
+                    out[0] = super::mlp::expert_forward(expert, &xe, tokens.len(), self.act);
+                    // (n_e, D)
+                });
+                for ((i, _), ye) in batch.iter().zip(&outs) {
+                    for (j, &(t, w)) in tokens_of[*i].iter().enumerate() {
+                        let y: Vec<f32> = ye[j * d..(j + 1) * d].iter().map(|v| v * w).collect();
+                        contributions[t].push((ids[*i], y));
+                    }
                 }
-                let ye = super::mlp::expert_forward(&expert, &xe, tokens.len(), self.act); // (n_e, D)
-                for (j, &(t, w)) in tokens.iter().enumerate() {
-                    let y: Vec<f32> = ye[j * d..(j + 1) * d].iter().map(|v| v * w).collect();
-                    contributions[t].push((ids[i], y));
-                }
-                delivered += 1;
+                delivered += batch.len();
                 Ok(())
             })
             .map_err(|cause| ModelError::Experts {
