@@ -163,17 +163,26 @@ macro_rules! kernel {
             }
             let pairs = in_dim / 32 * 32;
             let zero = ([_mm512_setzero_ps(); N], [_mm512_setzero_ps(); N]);
-            let mut acc = [zero; ROW_BLOCK];
+            // Only the block's rows get sums (zeroing all ROW_BLOCK would cost a one-row call more
+            // than its products).
+            let mut acc = [std::mem::MaybeUninit::<([__m512; N], [__m512; N])>::uninit(); ROW_BLOCK];
+            for a in acc.iter_mut().take(rows) {
+                a.write(zero);
+            }
             let row = |r: usize| &w[(r0 + r) * in_dim..(r0 + r + 1) * in_dim];
             let mut k = 0;
             while k < pairs {
                 let end = (k + SLICE).min(pairs);
-                for (r, (a0, a1)) in acc.iter_mut().enumerate().take(rows) {
+                for (r, a) in acc.iter_mut().enumerate().take(rows) {
+                    // SAFETY: the first `rows` entries were written above.
+                    let (a0, a1) = a.assume_init_mut();
                     $steps::<N>(row(r), &xs, k, end, a0, a1);
                 }
                 k = end;
             }
-            for (r, &(a0, a1)) in acc.iter().enumerate().take(rows) {
+            for (r, a) in acc.iter().enumerate().take(rows) {
+                // SAFETY: as above.
+                let (a0, a1) = a.assume_init();
                 let s = scales.map_or(1.0, |s| s[r0 + r]);
                 let o = &mut out[(r0 + r) * tokens + t0..(r0 + r) * tokens + t0 + N];
                 o.copy_from_slice(&$finish::<N>(row(r), s, &xs, pairs, a0, a1));

@@ -10,6 +10,7 @@
 
 #[cfg(target_arch = "x86_64")]
 pub mod amx;
+pub mod attend;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512;
 pub mod dot;

@@ -198,6 +198,22 @@ impl Line {
     }
 }
 
+/// The output of a several-token product, written by the tasks of its row blocks (each its own
+/// rows; see `Linear::matmul`).
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+
+// SAFETY: the tasks holding it write disjoint elements of a buffer that outlives them.
+unsafe impl Send for OutPtr {}
+// SAFETY: as above.
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
 /// Weight bytes read by matrix products so far (each product counts its matrix once, whatever
 /// its number of tokens): what a token touches, for `strata bench --compute-only`.
 static WEIGHT_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -446,26 +462,28 @@ impl Linear {
         );
         let lines = (dense && !(xs.as_ptr() as usize).is_multiple_of(64)).then(|| Line::copy(xs));
         let xs = lines.as_deref().map_or(xs, |l| &Line::as_f32s(l)[..xs.len()]);
-        let mut by_row = vec![0f32; self.out_dim * n_tokens]; // (out, T)
-        let block = |(b, out): (usize, &mut [f32])| {
-            let r0 = b * ROWS_PER_TASK;
-            self.rows_dot_prepared_tokens(r0..r0 + out.len() / n_tokens, xs, &prepared, out);
-        };
-        if serial {
-            by_row
-                .chunks_mut(ROWS_PER_TASK * n_tokens)
-                .enumerate()
-                .for_each(block);
-        } else {
-            by_row
-                .par_chunks_mut(ROWS_PER_TASK * n_tokens)
-                .enumerate()
-                .for_each(block);
-        }
-        for (r, row_out) in by_row.chunks_exact(n_tokens).enumerate() {
-            for (t, v) in row_out.iter().enumerate() {
-                ys[t * self.out_dim + r] = *v;
+        // Each block of rows computes into a buffer of its own (rows x T, a few KiB), then writes
+        // its rows of every token's output: no (out, T) copy of the whole product.
+        let out_dim = self.out_dim;
+        let ys_at = OutPtr(ys.as_mut_ptr());
+        let block = |b: usize| {
+            let rows = b * ROWS_PER_TASK..((b + 1) * ROWS_PER_TASK).min(out_dim);
+            let mut local = vec![0f32; rows.len() * n_tokens]; // (rows, T)
+            self.rows_dot_prepared_tokens(rows.clone(), xs, &prepared, &mut local);
+            for (i, row) in local.chunks_exact(n_tokens).enumerate() {
+                for (t, v) in row.iter().enumerate() {
+                    // SAFETY: t < n_tokens and rows.start + i < out_dim index inside `ys`
+                    // (T x out_dim, checked above); blocks own disjoint rows, so no two tasks
+                    // write one element, and `ys` outlives the tasks.
+                    unsafe { *ys_at.get().add(t * out_dim + rows.start + i) = *v };
+                }
             }
+        };
+        let blocks = out_dim.div_ceil(ROWS_PER_TASK);
+        if serial {
+            (0..blocks).for_each(block);
+        } else {
+            (0..blocks).into_par_iter().for_each(block);
         }
     }
 

@@ -326,3 +326,41 @@ pub fn dot_fp8(w: &[u8], scales: &[f32], block: usize, x: &[f32]) -> f32 {
     }
     (totals[0] + totals[1]) + tail
 }
+
+/// [`crate::attend::weighted_sum_reference`] (the same bits): eight 4-lane sums at a time (32
+/// outputs), then one, then the scalar tail; one multiply and one add per term (no `vfma`).
+///
+/// # Safety
+/// `values` must hold `w.len()` rows of `stride` from its start, each `out.len()` long.
+pub unsafe fn weighted_sum(w: &[f32], values: &[f32], stride: usize, out: &mut [f32]) {
+    let (n, v) = (out.len(), values.as_ptr());
+    let mut d = 0;
+    while d + 32 <= n {
+        let mut acc = [vdupq_n_f32(0.0); 8];
+        for (p, &a) in w.iter().enumerate() {
+            let (a, row) = (vdupq_n_f32(a), v.add(p * stride + d));
+            for (k, s) in acc.iter_mut().enumerate() {
+                *s = vaddq_f32(*s, vmulq_f32(a, vld1q_f32(row.add(4 * k))));
+            }
+        }
+        for (k, s) in acc.iter().enumerate() {
+            vst1q_f32(out.as_mut_ptr().add(d + 4 * k), *s);
+        }
+        d += 32;
+    }
+    while d + 4 <= n {
+        let mut s = vdupq_n_f32(0.0);
+        for (p, &a) in w.iter().enumerate() {
+            s = vaddq_f32(s, vmulq_f32(vdupq_n_f32(a), vld1q_f32(v.add(p * stride + d))));
+        }
+        vst1q_f32(out.as_mut_ptr().add(d), s);
+        d += 4;
+    }
+    for (d, o) in out.iter_mut().enumerate().skip(d) {
+        let mut acc = 0f32;
+        for (p, a) in w.iter().enumerate() {
+            acc += a * *v.add(p * stride + d);
+        }
+        *o = acc;
+    }
+}

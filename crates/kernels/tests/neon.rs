@@ -378,6 +378,22 @@ fn four_bit(rng: &mut Rand) {
 /// A named group of cases.
 type Case = (&'static str, fn(&mut Rand));
 
+/// The value side of attention against its scalar twin, bit for bit, over head widths and
+/// row strides off the vector widths.
+fn weighted_sums(rng: &mut Rand) {
+    for _ in 0..200 {
+        let dh = 1 + rng.below(140);
+        let stride = dh + rng.below(40);
+        let n = rng.below(70);
+        let w = rng.vec(n);
+        let values = rng.vec(n.saturating_sub(1) * stride + dh);
+        let (mut got, mut want) = (vec![0f32; dh], vec![1f32; dh]);
+        strata_kernels::attend::weighted_sum(&w, &values, stride, &mut got);
+        strata_kernels::attend::weighted_sum_reference(&w, &values, stride, &mut want);
+        same_bits("weighted sum", &got, &want);
+    }
+}
+
 fn main() {
     // `cargo test -- FILTER` passes a filter; these cases are one unit.
     println!(
@@ -386,7 +402,7 @@ fn main() {
         isa::detected().name()
     );
     let mut rng = Rand(0x0A64_2026_1201_0001);
-    let cases: [Case; 4] = [
+    let cases: [Case; 5] = [
         ("dense and int8 rows equal their scalar twins", dense),
         ("dense and int8 tokens equal each token alone", dense_tokens),
         ("fp8 rows equal their scalar twin", fp8_rows),
@@ -394,6 +410,7 @@ fn main() {
             "4-bit rows equal their integer twin; tokens equal each alone",
             four_bit,
         ),
+        ("attention's weighted sums equal their scalar twin", weighted_sums),
     ];
     for (name, case) in cases {
         case(&mut rng);

@@ -6,7 +6,7 @@ use std::ops::Range;
 
 use strata_kernels::Linear;
 
-use super::math::{dot, rms_norm, softmax};
+use super::math::{rms_norm, softmax};
 use super::rope::Rope;
 use crate::{LayerCache, LayerState};
 
@@ -81,42 +81,74 @@ impl GqaAttention {
                     .extend_from_slice(&v[t * hkv * dh..(t + 1) * hkv * dh]);
             }
             let kv_width = hkv * dh;
-            // Every (token, head) of the sequence on the kernels' threads: each is computed
-            // alone, exactly as one by one.
+            // Tasks of `per` query heads of one token, all of one KV group (their key and value
+            // rows read once for all), on the kernels' threads. Each head is computed alone,
+            // exactly as one by one, whatever the split.
             let (rows, start_pos) = (seq.rows.clone(), seq.start_pos);
+            let per = heads_per_task(rows.len(), h, group);
             let (cache_k, cache_v) = (&seq.cache.k, &seq.cache.v);
             let q = &q;
             strata_kernels::for_each_chunk(
                 &mut out[rows.start * h * dh..rows.end * h * dh],
-                dh,
-                |idx, oh| {
-                    let (i, head) = (idx / h, idx % h);
+                per * dh,
+                |idx, out| {
+                    let (i, head0) = (idx / (h / per), idx % (h / per) * per);
                     let t = rows.start + i;
                     let n_pos = start_pos + i + 1; // causal: positions 0..=own
                                                    // Sliding window: only the last `window` positions (own included) are seen.
                     let first = self.sliding_window.map_or(0, |w| n_pos.saturating_sub(w));
-                    let mut scores = vec![0f32; n_pos - first];
-                    let kvh = head / group;
-                    let qh = &q[t * h * dh + head * dh..t * h * dh + (head + 1) * dh];
-                    for (j, s) in scores.iter_mut().enumerate() {
-                        let p = first + j;
-                        let kp = &cache_k[p * kv_width + kvh * dh..p * kv_width + (kvh + 1) * dh];
-                        *s = dot(qh, kp) * scale;
-                    }
-                    softmax(&mut scores);
-                    for (j, a) in scores.iter().enumerate() {
-                        let p = first + j;
-                        let vp = &cache_v[p * kv_width + kvh * dh..p * kv_width + (kvh + 1) * dh];
-                        for (o, v) in oh.iter_mut().zip(vp) {
-                            *o += a * v;
-                        }
-                    }
+                    let at = (head0 / group) * dh; // the KV head's columns in a cached row
+                    let qs = &q[t * h * dh + head0 * dh..t * h * dh + (head0 + per) * dh];
+                    let keys = &cache_k[first * kv_width + at..];
+                    let values = &cache_v[first * kv_width + at..];
+                    let q_of: Vec<&[f32]> = qs.chunks_exact(dh).collect();
+                    attend_heads(&q_of, keys, values, kv_width, n_pos - first, scale, out);
                 },
             );
         }
         let mut y = vec![0f32; n_tokens * self.o.out_dim];
         self.o.matmul(&out, n_tokens, &mut y);
         y
+    }
+}
+
+/// Query heads per attention task: a whole KV group, unless that leaves the kernels' threads
+/// short of work (decode: one token), then halves of it.
+fn heads_per_task(tokens: usize, heads: usize, group: usize) -> usize {
+    let want = 2 * strata_kernels::threads();
+    let mut per = group;
+    while per.is_multiple_of(2) && tokens * (heads / per) < want {
+        per /= 2;
+    }
+    per
+}
+
+/// Heads that share one KV head (`q_of`: their queries, `out`: their outputs side by side) against
+/// `n` cached positions (`keys`/`values`: the first position's columns, rows `stride` apart):
+/// each head's scores are its own dot products with every key (one pass over the keys for all
+/// heads, each dot the one-token kernel's bits), its softmax, then its weighted sum of values.
+fn attend_heads(
+    q_of: &[&[f32]],
+    keys: &[f32],
+    values: &[f32],
+    stride: usize,
+    n: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let heads = q_of.len();
+    let dh = out.len() / heads;
+    let mut by_pos = vec![0f32; n * heads]; // (position, head)
+    for (p, s) in by_pos.chunks_exact_mut(heads).enumerate() {
+        strata_kernels::dot::rows_f32_tokens(&keys[p * stride..p * stride + dh], dh, q_of, s);
+    }
+    let mut scores = vec![0f32; n];
+    for (g, oh) in out.chunks_exact_mut(dh).enumerate() {
+        for (p, s) in scores.iter_mut().enumerate() {
+            *s = by_pos[p * heads + g] * scale;
+        }
+        softmax(&mut scores);
+        strata_kernels::attend::weighted_sum(&scores, values, stride, oh);
     }
 }
 

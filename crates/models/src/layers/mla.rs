@@ -126,12 +126,8 @@ impl MlaAttention {
                             (dot(&q_abs, &key[..lora]) + dot(&qh[nope..], &key[lora..])) * self.softmax_scale;
                     }
                     softmax(&mut scores);
-                    for (p, a) in scores.iter().enumerate() {
-                        let c = &cache_k[p * kv_width..p * kv_width + lora];
-                        for (o, v) in o_lat.iter_mut().zip(c) {
-                            *o += a * v;
-                        }
-                    }
+                    // The latent rows weighted by the scores, positions in order.
+                    strata_kernels::attend::weighted_sum(&scores, cache_k, kv_width, &mut o_lat);
                     let v_rows = base + nope..base + nope + vd;
                     self.kv_b.matvec_rows(v_rows, &o_lat, o_head); // (v,)
                 },
