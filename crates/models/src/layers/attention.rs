@@ -6,7 +6,7 @@ use std::ops::Range;
 
 use strata_kernels::Linear;
 
-use super::math::{rms_norm, softmax};
+use super::math::{dot, rms_norm, softmax};
 use super::rope::Rope;
 use crate::{LayerCache, LayerState};
 
@@ -140,7 +140,12 @@ fn attend_heads(
     let dh = out.len() / heads;
     let mut by_pos = vec![0f32; n * heads]; // (position, head)
     for (p, s) in by_pos.chunks_exact_mut(heads).enumerate() {
-        strata_kernels::dot::rows_f32_tokens(&keys[p * stride..p * stride + dh], dh, q_of, s);
+        let key = &keys[p * stride..p * stride + dh];
+        if heads == 1 {
+            s[0] = dot(q_of[0], key); // the same bits, without the several-token set-up
+        } else {
+            strata_kernels::dot::rows_f32_tokens(key, dh, q_of, s);
+        }
     }
     let mut scores = vec![0f32; n];
     for (g, oh) in out.chunks_exact_mut(dh).enumerate() {
