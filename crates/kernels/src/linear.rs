@@ -190,6 +190,15 @@ impl Line {
         lines
     }
 
+    /// [`Line::copy`] into `lines`, reusing what it holds.
+    fn fill(lines: &mut Vec<Line>, xs: &[f32]) {
+        lines.resize(xs.len().div_ceil(16), Line([0.0; 16]));
+        for (l, c) in lines.iter_mut().zip(xs.chunks(16)) {
+            l.0[..c.len()].copy_from_slice(c);
+            l.0[c.len()..].fill(0.0);
+        }
+    }
+
     /// The lines as one run of f32 (their padding included; callers slice what they copied).
     fn as_f32s(lines: &[Line]) -> &[f32] {
         // SAFETY: `Line` is 16 f32 with no padding (`repr(C)`, 64 bytes), so the lines are
@@ -213,6 +222,14 @@ impl OutPtr {
         self.0
     }
 }
+
+thread_local! {
+    /// Each thread's aligned copy of a several-token product's activations, kept for the next.
+    static LINES: std::cell::RefCell<Vec<Line>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Above this a thread's kept copy is let go after its product (a long prompt's chunk).
+const KEEP_LINES_MAX: usize = 64 << 20;
 
 /// Weight bytes read by matrix products so far (each product counts its matrix once, whatever
 /// its number of tokens): what a token touches, for `strata bench --compute-only`.
@@ -460,8 +477,48 @@ impl Linear {
             self.data,
             WeightData::F32(_) | WeightData::Bf16(_) | WeightData::F16(_) | WeightData::Int8 { .. }
         );
-        let lines = (dense && !(xs.as_ptr() as usize).is_multiple_of(64)).then(|| Line::copy(xs));
-        let xs = lines.as_deref().map_or(xs, |l| &Line::as_f32s(l)[..xs.len()]);
+        if !dense || (xs.as_ptr() as usize).is_multiple_of(64) {
+            return self.matmul_tokens(xs, n_tokens, &prepared, serial, ys);
+        }
+        // The thread's copy from the last product is reused (a fresh buffer of this size would
+        // fault in page by page on this thread while the others wait), unless this thread is
+        // inside a product already (a kernel thread running another task meanwhile).
+        LINES.with(|kept| match kept.try_borrow_mut() {
+            Ok(mut lines) => {
+                Line::fill(&mut lines, xs);
+                self.matmul_tokens(
+                    &Line::as_f32s(&lines)[..xs.len()],
+                    n_tokens,
+                    &prepared,
+                    serial,
+                    ys,
+                );
+                if lines.len() * 64 > KEEP_LINES_MAX {
+                    *lines = Vec::new();
+                }
+            }
+            Err(_) => {
+                let lines = Line::copy(xs);
+                self.matmul_tokens(
+                    &Line::as_f32s(&lines)[..xs.len()],
+                    n_tokens,
+                    &prepared,
+                    serial,
+                    ys,
+                );
+            }
+        })
+    }
+
+    /// The several-token part of [`Linear::matmul`] on activations as they are.
+    fn matmul_tokens(
+        &self,
+        xs: &[f32],
+        n_tokens: usize,
+        prepared: &[Prepared],
+        serial: bool,
+        ys: &mut [f32],
+    ) {
         // Each block of rows computes into a buffer of its own (rows x T, a few KiB), then writes
         // its rows of every token's output: no (out, T) copy of the whole product.
         let out_dim = self.out_dim;
@@ -469,7 +526,7 @@ impl Linear {
         let block = |b: usize| {
             let rows = b * ROWS_PER_TASK..((b + 1) * ROWS_PER_TASK).min(out_dim);
             let mut local = vec![0f32; rows.len() * n_tokens]; // (rows, T)
-            self.rows_dot_prepared_tokens(rows.clone(), xs, &prepared, &mut local);
+            self.rows_dot_prepared_tokens(rows.clone(), xs, prepared, &mut local);
             for (i, row) in local.chunks_exact(n_tokens).enumerate() {
                 for (t, v) in row.iter().enumerate() {
                     // SAFETY: t < n_tokens and rows.start + i < out_dim index inside `ys`

@@ -56,23 +56,33 @@ impl GqaAttention {
         self.q.matmul(x, n_tokens, &mut q);
         self.k.matmul(x, n_tokens, &mut k);
         self.v.matmul(x, n_tokens, &mut v);
-        if let Some(w) = &self.q_norm {
-            rms_norm(&mut q, w, self.eps);
+        // Each token's heads normed (Qwen3) and rotated to its position, tokens on the kernels'
+        // threads.
+        let mut position = vec![None; n_tokens];
+        for seq in seqs.iter() {
+            for (i, t) in seq.rows.clone().enumerate() {
+                position[t] = Some(seq.start_pos + i);
+            }
         }
-        if let Some(w) = &self.k_norm {
-            rms_norm(&mut k, w, self.eps);
-        }
+        let norm_rotate = |rows: &mut [f32], norm: &Option<Vec<f32>>| {
+            strata_kernels::for_each_chunk(rows, rows.len() / n_tokens.max(1), |t, row| {
+                if let Some(w) = norm {
+                    rms_norm(row, w, self.eps);
+                }
+                if let Some(pos) = position[t] {
+                    let (cos, sin) = self.rope.cos_sin(pos);
+                    self.rope.apply(row, dh, 0, &cos, &sin);
+                }
+            });
+        };
+        norm_rotate(&mut q, &self.q_norm);
+        norm_rotate(&mut k, &self.k_norm);
 
         let scale = 1.0 / (dh as f32).sqrt();
         let group = h / hkv;
         let mut out = vec![0f32; n_tokens * h * dh]; // (T, H*Dh)
         for seq in seqs.iter_mut() {
-            for (i, t) in seq.rows.clone().enumerate() {
-                let (cos, sin) = self.rope.cos_sin(seq.start_pos + i);
-                self.rope
-                    .apply(&mut q[t * h * dh..(t + 1) * h * dh], dh, 0, &cos, &sin);
-                self.rope
-                    .apply(&mut k[t * hkv * dh..(t + 1) * hkv * dh], dh, 0, &cos, &sin);
+            for t in seq.rows.clone() {
                 seq.cache
                     .k
                     .extend_from_slice(&k[t * hkv * dh..(t + 1) * hkv * dh]);

@@ -216,7 +216,15 @@ impl MoeLayer {
         // experts of one batch side by side on the kernels' threads (small products alone
         // would leave most cores waiting on their fork and join).
         let tokens_of: Vec<&Vec<(usize, f32)>> = assigned.values().collect();
-        let mut contributions: Vec<Vec<(usize, Vec<f32>)>> = vec![Vec::new(); n_tokens];
+        // Per token, (expert's place in `ids`, the token's row in that expert's output, weight)
+        // in ascending expert order (the order its contributions are summed in).
+        let mut rows_of: Vec<Vec<(usize, usize, f32)>> = vec![Vec::new(); n_tokens];
+        for (i, tokens) in tokens_of.iter().enumerate() {
+            for (j, &(t, w)) in tokens.iter().enumerate() {
+                rows_of[t].push((i, j, w));
+            }
+        }
+        let mut expert_out: Vec<Vec<f32>> = vec![Vec::new(); ids.len()]; // each (n_e, D)
         let mut delivered = 0;
         self.store
             .get_batches(self.layer, &ids, &mut |batch| {
@@ -231,11 +239,8 @@ impl MoeLayer {
                     out[0] = super::mlp::expert_forward(expert, &xe, tokens.len(), self.act);
                     // (n_e, D)
                 });
-                for ((i, _), ye) in batch.iter().zip(&outs) {
-                    for (j, &(t, w)) in tokens_of[*i].iter().enumerate() {
-                        let y: Vec<f32> = ye[j * d..(j + 1) * d].iter().map(|v| v * w).collect();
-                        contributions[t].push((ids[*i], y));
-                    }
+                for ((i, _), ye) in batch.iter().zip(outs) {
+                    expert_out[*i] = ye;
                 }
                 delivered += batch.len();
                 Ok(())
@@ -251,18 +256,17 @@ impl MoeLayer {
             });
         }
 
-        // Per token, contributions are summed in ascending expert order whatever order they
-        // arrived in (batch invariant and deterministic).
+        // Per token, contributions (each the expert's output times its weight) are summed in
+        // ascending expert order whatever order they arrived in (batch invariant and
+        // deterministic), the tokens on the kernels' threads.
         let mut out = vec![0f32; n_tokens * d];
-        for (t, parts) in contributions.iter_mut().enumerate() {
-            parts.sort_by_key(|(id, _)| *id);
-            let row = &mut out[t * d..(t + 1) * d];
-            for (_, y) in parts.iter() {
-                for (o, v) in row.iter_mut().zip(y) {
-                    *o += v;
+        strata_kernels::for_each_chunk(&mut out, d, |t, row| {
+            for &(i, j, w) in &rows_of[t] {
+                for (o, v) in row.iter_mut().zip(&expert_out[i][j * d..(j + 1) * d]) {
+                    *o += v * w;
                 }
             }
-        }
+        });
         if let Some(lat) = &self.latent {
             if let Some(w) = &lat.norm {
                 rms_norm(&mut out, w, lat.eps);
