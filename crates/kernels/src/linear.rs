@@ -182,15 +182,7 @@ pub struct Linear {
 struct Line([f32; 16]);
 
 impl Line {
-    fn copy(xs: &[f32]) -> Vec<Line> {
-        let mut lines = vec![Line([0.0; 16]); xs.len().div_ceil(16)];
-        for (l, c) in lines.iter_mut().zip(xs.chunks(16)) {
-            l.0[..c.len()].copy_from_slice(c);
-        }
-        lines
-    }
-
-    /// [`Line::copy`] into `lines`, reusing what it holds.
+    /// `xs` into `lines` (resized, reusing what they hold), the last line's rest zero.
     fn fill(lines: &mut Vec<Line>, xs: &[f32]) {
         lines.resize(xs.len().div_ceil(16), Line([0.0; 16]));
         for (l, c) in lines.iter_mut().zip(xs.chunks(16)) {
@@ -483,29 +475,13 @@ impl Linear {
         // The thread's copy from the last product is reused (a fresh buffer of this size would
         // fault in page by page on this thread while the others wait), unless this thread is
         // inside a product already (a kernel thread running another task meanwhile).
-        LINES.with(|kept| match kept.try_borrow_mut() {
-            Ok(mut lines) => {
-                Line::fill(&mut lines, xs);
-                self.matmul_tokens(
-                    &Line::as_f32s(&lines)[..xs.len()],
-                    n_tokens,
-                    &prepared,
-                    serial,
-                    ys,
-                );
-                if lines.len() * 64 > KEEP_LINES_MAX {
-                    *lines = Vec::new();
-                }
-            }
-            Err(_) => {
-                let lines = Line::copy(xs);
-                self.matmul_tokens(
-                    &Line::as_f32s(&lines)[..xs.len()],
-                    n_tokens,
-                    &prepared,
-                    serial,
-                    ys,
-                );
+        LINES.with(|kept| {
+            let (mut held, mut fresh) = (kept.try_borrow_mut(), Vec::new());
+            let lines = held.as_deref_mut().unwrap_or(&mut fresh);
+            Line::fill(lines, xs);
+            self.matmul_tokens(&Line::as_f32s(lines)[..xs.len()], n_tokens, &prepared, serial, ys);
+            if lines.len() * 64 > KEEP_LINES_MAX {
+                *lines = Vec::new();
             }
         })
     }
