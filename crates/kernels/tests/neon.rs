@@ -381,17 +381,9 @@ type Case = (&'static str, fn(&mut Rand));
 /// The value side of attention against its scalar twin, bit for bit, over head widths and
 /// row strides off the vector widths.
 fn weighted_sums(rng: &mut Rand) {
-    for _ in 0..200 {
-        let dh = 1 + rng.below(140);
-        let stride = dh + rng.below(40);
-        let n = rng.below(70);
-        let w = rng.vec(n);
-        let values = rng.vec(n.saturating_sub(1) * stride + dh);
-        let (mut got, mut want) = (vec![0f32; dh], vec![1f32; dh]);
-        strata_kernels::attend::weighted_sum(&w, &values, stride, &mut got);
-        strata_kernels::attend::weighted_sum_reference(&w, &values, stride, &mut want);
-        same_bits("weighted sum", &got, &want);
-    }
+    common::weighted_sum_cases(rng, 200, |_, _, _, got, want| {
+        same_bits("weighted sum", got, want)
+    });
 }
 
 fn main() {

@@ -621,21 +621,13 @@ fn the_vnni_step_gives_the_avx2_bits() {
 #[test]
 fn attention_weighted_sums_equal_their_scalar_twin_bit_for_bit() {
     let mut rng = Rand(0xA77E_2026_1202_0001);
-    for _ in 0..300 {
-        let dh = 1 + rng.below(200);
-        let stride = dh + rng.below(40);
-        let n = rng.below(90);
-        let w = rng.vec(n);
-        let values = rng.vec(n.saturating_sub(1) * stride + dh);
-        let (mut got, mut want) = (vec![0f32; dh], vec![1f32; dh]);
-        strata_kernels::attend::weighted_sum(&w, &values, stride, &mut got);
-        strata_kernels::attend::weighted_sum_reference(&w, &values, stride, &mut want);
-        for (d, (g, r)) in got.iter().zip(&want).enumerate() {
+    common::weighted_sum_cases(&mut rng, 300, |dh, stride, n, got, want| {
+        for (d, (g, r)) in got.iter().zip(want).enumerate() {
             assert_eq!(
                 g.to_bits(),
                 r.to_bits(),
                 "dh {dh}, stride {stride}, {n} rows: output {d}"
             );
         }
-    }
+    });
 }

@@ -20,3 +20,19 @@ impl Rand {
         (0..n).map(|_| self.f32()).collect()
     }
 }
+
+/// Random cases of attention's weighted sum (head widths and row strides off the vector
+/// widths): `check(dh, stride, rows, got, want)` with the SIMD result and its scalar twin's.
+pub fn weighted_sum_cases(rng: &mut Rand, cases: usize, check: impl Fn(usize, usize, usize, &[f32], &[f32])) {
+    for _ in 0..cases {
+        let dh = 1 + rng.below(200);
+        let stride = dh + rng.below(40);
+        let n = rng.below(90);
+        let w = rng.vec(n);
+        let values = rng.vec(n.saturating_sub(1) * stride + dh);
+        let (mut got, mut want) = (vec![0f32; dh], vec![1f32; dh]);
+        strata_kernels::attend::weighted_sum(&w, &values, stride, &mut got);
+        strata_kernels::attend::weighted_sum_reference(&w, &values, stride, &mut want);
+        check(dh, stride, n, &got, &want);
+    }
+}
