@@ -13,70 +13,24 @@ fn strata(args: &[&str]) -> Value {
     common::strata_json(args)
 }
 
-/// `strata run` greedy on one of a golden's generation entries (its prompt, as many new tokens
-/// as it recorded), with `extra` flags; the JSON output.
+/// `strata run` greedy on one of a golden's generation entries, with `extra` flags; the JSON
+/// output.
 fn greedy_run(dir: &str, entry: &Value, extra: &[&str]) -> Value {
-    let n = as_u32s(&entry["new_ids"]).len().to_string();
-    let prompt = csv(&as_u32s(&entry["prompt_ids"]));
-    let args = [
-        "run",
-        "--model",
-        dir,
-        "--ids",
-        &prompt,
-        "--max-tokens",
-        &n,
-        "--temperature",
-        "0",
-        "--ignore-eos",
-        "--output",
-        "json",
-    ];
-    strata(&[&args[..], extra].concat())
+    let args = common::greedy_args(dir, entry);
+    let args: Vec<&str> = args
+        .iter()
+        .map(String::as_str)
+        .chain(extra.iter().copied())
+        .collect();
+    strata(&args)
 }
 
-fn csv(ids: &[u32]) -> String {
-    ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",")
-}
+use common::csv;
 
 #[test]
 fn logits_and_run_through_the_binary_match_goldens() {
     for name in BF16_MODELS.iter().chain(QUANTIZED_MODELS) {
-        let dir = fixture(name);
-        let dir = dir.to_str().unwrap();
-        let g = golden(name);
-        let rel = rel_tolerance(&g);
-        for (p, prompt) in g["prompts"].as_array().unwrap().iter().enumerate() {
-            let ids = as_u32s(&prompt["ids"]);
-            let out = strata(&["logits", "--model", dir, "--ids", &csv(&ids)]);
-            let absmax = prompt["last_logits_absmax"].as_f64().unwrap() as f32;
-            check_last_logits(
-                &as_f32s(&out["last_logits"]),
-                &as_f32s(&prompt["last_logits"]),
-                absmax,
-                rel,
-            )
-            .unwrap_or_else(|e| panic!("{name} prompt {p} via CLI: {e}"));
-            let margins = as_f32s(&prompt["top2_margin"]);
-            let argmax = as_u32s(&out["argmax"]);
-            assert_eq!(argmax.len(), ids.len());
-            for (i, (a, b)) in argmax.iter().zip(as_u32s(&prompt["argmax"])).enumerate() {
-                if margins[i] >= 2.0 * rel * absmax {
-                    assert_eq!(*a, b, "{name} prompt {p} via CLI: argmax at {i}");
-                }
-            }
-        }
-        for entry in g["generation"].as_array().unwrap() {
-            let p = entry["prompt_index"].as_u64().unwrap() as usize;
-            let absmax = g["prompts"][p]["last_logits_absmax"].as_f64().unwrap() as f32;
-            let want = as_u32s(&entry["new_ids"]);
-            let out = greedy_run(dir, entry, &[]);
-            let got = as_u32s(&out["token_ids"]);
-            let margins = as_f32s(&entry["step_top2_margin"]);
-            let checked = checked_generation_len(&margins, rel, absmax);
-            assert_eq!(&got[..checked], &want[..checked], "{name} generation via CLI");
-            assert!(out["text"].is_string());
-        }
+        common::check_goldens(name, &strata);
     }
 }
 

@@ -26,6 +26,7 @@ pub mod mxfp4;
 pub mod neon;
 #[cfg(target_arch = "aarch64")]
 pub mod neon_intdot;
+pub mod offload;
 pub mod storage;
 
 pub use linear::{u16_vec_from_bytes, weight_bytes_touched, Linear, Prepared, WeightData};

@@ -174,6 +174,8 @@ pub struct Linear {
     pub out_dim: usize,
     pub in_dim: usize,
     pub data: WeightData,
+    /// Its copy on the installed device ([`crate::offload`]), if any.
+    pub(crate) device: crate::offload::DeviceCopy,
 }
 
 /// 16 f32 on a 64-byte boundary (one cache line).
@@ -247,6 +249,7 @@ impl Linear {
             out_dim,
             in_dim,
             data,
+            device: Default::default(),
         }
     }
 
@@ -443,6 +446,9 @@ impl Linear {
         assert_eq!(ys.len(), n_tokens * self.out_dim, "matmul output is not (T, out)");
         let n = self.in_dim;
         WEIGHT_BYTES.fetch_add(self.bytes() as u64, std::sync::atomic::Ordering::Relaxed);
+        if self.matmul_on_device(xs, n_tokens, ys) {
+            return;
+        }
         if let Some(w) = self.amx_bf16() {
             return self.matmul_amx(w, xs, n_tokens, ys);
         }

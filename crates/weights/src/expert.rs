@@ -40,7 +40,8 @@ impl Expert {
             let refs = &pieces[next..next + spec.tensors.len()];
             next += spec.tensors.len();
             // SAFETY: the caller's contract.
-            unsafe { spec.build_in(refs, owner) }
+            // Routed experts are computed on the CPU (see `strata_kernels::offload`).
+            unsafe { spec.build_in(refs, owner) }.map(Linear::cpu_only)
         };
         Ok(Expert {
             gate: build(&specs[0])?,

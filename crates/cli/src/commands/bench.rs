@@ -348,6 +348,17 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         wasted / 1e6,
         if total_read > 0.0 { 100.0 * wasted / total_read } else { 0.0 }
     );
+    let gpu = super::gpu().map(gpu_figures);
+    if let Some(g) = &gpu {
+        println!(
+            "gpu                   {}: {:.2} GiB of weights kept there, {:.1} MB copied per token for single products, {} products on it; its memory reads {:.1} GB/s",
+            g["adapter"].as_str().unwrap_or(""),
+            g["kept_bytes"].as_f64().unwrap_or(0.0) / (1u64 << 30) as f64,
+            g["copied_bytes"].as_f64().unwrap_or(0.0) / 1e6 / marks.len().max(1) as f64,
+            g["products"],
+            g["memory_read_gbps"].as_f64().unwrap_or(0.0),
+        );
+    }
     if args.json {
         // The names a check outside the project reads come first.
         let mut body = serde_json::json!({
@@ -411,12 +422,25 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             b.extend(m);
         }
         body["compute_only"] = serde_json::json!(compute.as_ref().map(ComputeFigures::json));
+        body["gpu"] = serde_json::json!(gpu);
         println!("{}", serde_json::to_string(&body)?);
     }
     Ok(())
 }
 
 /// `--compute-only`: every expert read into the cache first, with a progress bar.
+/// What the GPU did over the run, and its memory's read rate measured now.
+fn gpu_figures(g: &strata_gpu::Offload) -> serde_json::Value {
+    let read = g.gpu().read_rate(256 << 20, 3).unwrap_or(0.0);
+    serde_json::json!({
+        "adapter": g.gpu().adapter().to_string(),
+        "kept_bytes": g.resident_bytes(),
+        "copied_bytes": g.streamed_bytes(),
+        "products": g.products(),
+        "memory_read_gbps": read / 1e9,
+    })
+}
+
 fn load_every_expert(store: &strata_experts::CachedStore) -> Result<()> {
     let bar = ProgressBar::new(0);
     bar.set_style(

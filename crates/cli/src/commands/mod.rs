@@ -33,6 +33,21 @@ pub struct Cli {
     /// (or RAYON_NUM_THREADS when set).
     #[arg(long, short = 't', global = true, value_name = "N")]
     threads: Option<usize>,
+    /// Where the non-expert weights' matrix products run: cpu, auto (a discrete GPU when there
+    /// is one, else the CPU), or gpu (any Vulkan or Metal adapter, software ones included).
+    /// Routed experts stay on the CPU. The GPU backend is new and not yet faster than the CPU
+    /// kernels (docs/PERFORMANCE.md), so the default stays cpu until it is.
+    #[arg(
+        long,
+        global = true,
+        default_value = "cpu",
+        env = "STRATA_DEVICE",
+        value_name = "cpu|auto|gpu"
+    )]
+    device: strata_gpu::Preference,
+    /// GPU memory the weights may take (e.g. 16G). Default: as much as the GPU grants.
+    #[arg(long, global = true, value_name = "SIZE")]
+    gpu_mem: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -335,9 +350,54 @@ pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
     Ok(ids)
 }
 
+/// The GPU in use, when `--device` chose one (for reports).
+static GPU: std::sync::OnceLock<Arc<strata_gpu::Offload>> = std::sync::OnceLock::new();
+
+/// The GPU the products run on, if any.
+pub fn gpu() -> Option<&'static strata_gpu::Offload> {
+    GPU.get().map(|g| g.as_ref())
+}
+
+/// Opens the device `--device` asks for and sends the resident weights' products there; says in
+/// one line when `auto` stays on the CPU, and why.
+fn setup_device(pref: strata_gpu::Preference, gpu_mem: Option<&str>) -> Result<()> {
+    let budget = gpu_mem
+        .map(strata_runtime::parse_size)
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("--gpu-mem: {e}"))?
+        .map(|b| b as u64);
+    match strata_gpu::select(pref).context("--device")? {
+        strata_gpu::Selection::Cpu { why } => {
+            if pref == strata_gpu::Preference::Auto {
+                eprintln!("device: CPU ({why})");
+            }
+        }
+        strata_gpu::Selection::Gpu(g) => {
+            let budget_text = budget.map_or("as much as it grants".to_string(), |b| {
+                format!("up to {:.2} GiB", b as f64 / (1u64 << 30) as f64)
+            });
+            eprintln!(
+                "device: GPU {} for the non-expert BF16/F16/F32 weights' products ({budget_text}); the rest on the CPU",
+                g.adapter()
+            );
+            let offload = Arc::new(strata_gpu::Offload::new(g, budget));
+            let _ = GPU.set(offload.clone());
+            strata_kernels::offload::install(offload);
+        }
+    }
+    Ok(())
+}
+
 pub fn dispatch(cli: Cli) -> Result<()> {
     let threads = strata_kernels::init_threads(cli.threads);
     tracing::debug!("compute threads: {threads}");
+    let computes = matches!(
+        cli.command,
+        Command::Run(_) | Command::Logits(_) | Command::Serve(_) | Command::Bench(_)
+    );
+    if computes {
+        setup_device(cli.device, cli.gpu_mem.as_deref())?;
+    }
     match cli.command {
         Command::Run(a) => run::run(a),
         Command::Logits(a) => tokens::logits(a),

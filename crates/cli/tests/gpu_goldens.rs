@@ -1,0 +1,74 @@
+//! Every fixture through the binary on the GPU backend (`--device gpu`): logits and greedy
+//! generation match the goldens with the fixtures' tolerances, and streamed non-expert weights
+//! (copied to the GPU for each product) give the bits of resident ones (kept there). Needs a GPU
+//! adapter: on a machine without a GPU, Mesa's software Vulkan driver (`apt-get install
+//! mesa-vulkan-drivers libvulkan1`) is one; only where the environment says there is none
+//! (`STRATA_NO_GPU=1`) do these tests pass without running.
+
+use std::process::Command;
+
+mod common;
+use common::csv;
+
+use serde_json::Value;
+use strata_testkit::{as_u32s, fixture, golden, BF16_MODELS, QUANTIZED_MODELS};
+
+/// `strata --device gpu ARGS`: its JSON output and what it said on stderr; None when there is no
+/// adapter and `STRATA_NO_GPU=1` says so.
+fn on_gpu(args: &[&str]) -> Option<(Value, String)> {
+    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["--device", "gpu"])
+        .args(args)
+        .output()
+        .expect("spawn strata");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    if !out.status.success() {
+        if stderr.contains("no GPU adapter") && std::env::var("STRATA_NO_GPU").is_ok_and(|v| v == "1") {
+            eprintln!("STRATA_NO_GPU=1: GPU goldens not run");
+            return None;
+        }
+        panic!("strata --device gpu {args:?} failed: {stderr}");
+    }
+    let stdout = String::from_utf8(out.stdout).expect("utf-8 stdout");
+    let json = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{args:?}: {e}: {stdout}"));
+    Some((json, stderr))
+}
+
+#[test]
+fn every_fixture_matches_its_goldens_on_the_gpu() {
+    let Some((_, stderr)) = on_gpu(&["logits", "--ids", "1,2,3"]) else {
+        return;
+    };
+    assert!(stderr.contains("device: GPU"), "not on the GPU: {stderr}");
+    for name in BF16_MODELS.iter().chain(QUANTIZED_MODELS) {
+        common::check_goldens(name, &|args| on_gpu(args).expect("the GPU answered above").0);
+    }
+}
+
+#[test]
+fn streamed_weights_give_the_bits_of_resident_ones_on_the_gpu() {
+    for name in BF16_MODELS.iter().chain(QUANTIZED_MODELS) {
+        let dir = fixture(name);
+        let dir = dir.to_str().unwrap();
+        let ids = csv(&as_u32s(&golden(name)["prompts"][0]["ids"]));
+        let Some((resident, _)) = on_gpu(&["logits", "--model", dir, "--ids", &ids]) else {
+            return;
+        };
+        let (streamed, _) = on_gpu(&[
+            "logits",
+            "--model",
+            dir,
+            "--ids",
+            &ids,
+            "--expert-cache",
+            "1K",
+            "--spine",
+            "stream",
+        ])
+        .expect("the GPU answered above");
+        assert_eq!(
+            streamed, resident,
+            "{name}: streamed layers changed the logits on the GPU"
+        );
+    }
+}

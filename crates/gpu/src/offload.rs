@@ -1,0 +1,125 @@
+//! The GPU as the device of `strata_kernels::offload`: weights of the formats with GPU kernels
+//! are kept in GPU memory from their first product up to a byte budget; the others (streamed,
+//! past the budget) are copied for each product.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use strata_kernels::offload::{Device, DeviceMatrix};
+use strata_kernels::{Linear, WeightData};
+
+use crate::{Gpu, GpuMatrix};
+
+/// The GPU with its budget for weights and its counters.
+pub struct Offload {
+    gpu: Arc<Gpu>,
+    budget: u64,
+    used: AtomicU64,
+    /// Set at the first allocation the device refused: nothing more is uploaded.
+    full: AtomicBool,
+    products: Arc<AtomicU64>,
+    /// Bytes copied for one product only (streamed weights, weights past the budget).
+    streamed: AtomicU64,
+}
+
+impl Offload {
+    /// `budget`: bytes of weights the GPU may hold (`--gpu-mem`); None: until an allocation
+    /// fails.
+    pub fn new(gpu: Gpu, budget: Option<u64>) -> Offload {
+        Offload {
+            gpu: Arc::new(gpu),
+            budget: budget.unwrap_or(u64::MAX),
+            used: AtomicU64::new(0),
+            full: AtomicBool::new(false),
+            products: Arc::new(AtomicU64::new(0)),
+            streamed: AtomicU64::new(0),
+        }
+    }
+
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// Bytes of weights uploaded so far.
+    pub fn resident_bytes(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of weights copied for one product only, so far.
+    pub fn streamed_bytes(&self) -> u64 {
+        self.streamed.load(Ordering::Relaxed)
+    }
+
+    /// Products run on the GPU so far.
+    pub fn products(&self) -> u64 {
+        self.products.load(Ordering::Relaxed)
+    }
+
+    fn reserve(&self, bytes: u64) -> bool {
+        self.used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
+                u.checked_add(bytes).filter(|&n| n <= self.budget)
+            })
+            .is_ok()
+    }
+}
+
+impl Device for Offload {
+    fn upload(&self, lin: &Linear, keep: bool) -> Option<Box<dyn DeviceMatrix>> {
+        let supported = matches!(
+            lin.data,
+            WeightData::Bf16(_) | WeightData::F16(_) | WeightData::F32(_)
+        );
+        if !supported || (keep && self.full.load(Ordering::Relaxed)) {
+            return None;
+        }
+        let bytes = if keep { lin.bytes() as u64 } else { 0 };
+        if !self.reserve(bytes) {
+            return None;
+        }
+        if !keep {
+            self.streamed.fetch_add(lin.bytes() as u64, Ordering::Relaxed);
+        }
+        let g = &self.gpu;
+        let scope = g.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let m = match &lin.data {
+            WeightData::Bf16(w) => g.upload_bf16(w, lin.in_dim),
+            WeightData::F16(w) => g.upload_f16(w, lin.in_dim),
+            WeightData::F32(w) => g.upload_f32(w, lin.in_dim),
+            _ => unreachable!("checked above"),
+        };
+        let refused = pollster::block_on(scope.pop()).is_some();
+        match m {
+            Ok(m) if !refused => Some(Box::new(Resident {
+                gpu: self.gpu.clone(),
+                m,
+                products: self.products.clone(),
+            })),
+            _ => {
+                self.used.fetch_sub(bytes, Ordering::Relaxed);
+                if refused && keep {
+                    self.full.store(true, Ordering::Relaxed);
+                }
+                None
+            }
+        }
+    }
+}
+
+struct Resident {
+    gpu: Arc<Gpu>,
+    m: GpuMatrix,
+    products: Arc<AtomicU64>,
+}
+
+impl DeviceMatrix for Resident {
+    fn matmul(&self, xs: &[f32], tokens: usize, ys: &mut [f32]) -> Result<(), String> {
+        let out = self.gpu.matmul(&self.m, xs, tokens).map_err(|e| e.to_string())?;
+        if out.len() != ys.len() {
+            return Err(format!("{} outputs for {} places", out.len(), ys.len()));
+        }
+        ys.copy_from_slice(&out);
+        self.products.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}

@@ -1,0 +1,106 @@
+//! Matrix products on another device (the GPU backend, `strata-gpu`), installed once per
+//! process. Every `matmul` of a weight whose format the device has kernels for runs there
+//! (except routed experts, marked [`Linear::cpu_only`], which stay on the CPU for now), whatever
+//! the number of tokens, so each output's sum takes one fixed path (batch invariance) and a
+//! streamed weight gives the bits of a resident one. A weight that owns its elements (resident)
+//! is copied to the device at its first product and kept there while the budget has room; a
+//! streamed one, or one past the budget, is copied for each product.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use crate::Linear;
+
+/// A device that holds weight matrices and multiplies activations with them.
+pub trait Device: Send + Sync {
+    /// A copy of `lin` in the device's memory; None when its format has no kernels there, or
+    /// (`keep`: a copy kept for later products, counted against the budget) the budget has no
+    /// room for it.
+    fn upload(&self, lin: &Linear, keep: bool) -> Option<Box<dyn DeviceMatrix>>;
+}
+
+/// One matrix on a device: `ys` (T x out) for `xs` (T x in), as [`Linear::matmul`] lays them out.
+pub trait DeviceMatrix: Send + Sync {
+    fn matmul(&self, xs: &[f32], tokens: usize, ys: &mut [f32]) -> Result<(), String>;
+}
+
+static DEVICE: OnceLock<Arc<dyn Device>> = OnceLock::new();
+
+/// Makes `device` the one every owned weight's products try first. Once per process: false when
+/// one was installed already.
+pub fn install(device: Arc<dyn Device>) -> bool {
+    DEVICE.set(device).is_ok()
+}
+
+/// Whether a device is installed.
+pub fn installed() -> bool {
+    DEVICE.get().is_some()
+}
+
+/// A weight's kept copy on the installed device, made at its first product.
+#[derive(Clone, Default)]
+pub struct DeviceCopy {
+    kept: OnceLock<Option<Arc<dyn DeviceMatrix>>>,
+    cpu_only: bool,
+}
+
+impl fmt::Debug for DeviceCopy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match (self.cpu_only, self.kept.get()) {
+            (true, _) => "CPU only",
+            (_, None) => "not kept",
+            (_, Some(None)) => "copied per product",
+            (_, Some(Some(_))) => "kept on the device",
+        };
+        f.write_str(state)
+    }
+}
+
+static FAILED: AtomicBool = AtomicBool::new(false);
+
+impl Linear {
+    /// This weight's products never leave the CPU (routed experts, for now).
+    pub fn cpu_only(mut self) -> Linear {
+        self.device.cpu_only = true;
+        self
+    }
+
+    /// Runs the product on the installed device when it takes this weight; false when the CPU
+    /// must compute it.
+    pub(crate) fn matmul_on_device(&self, xs: &[f32], tokens: usize, ys: &mut [f32]) -> bool {
+        let Some(device) = DEVICE.get() else {
+            return false;
+        };
+        if self.device.cpu_only {
+            return false;
+        }
+        if !self.data.is_borrowed() {
+            let kept = self
+                .device
+                .kept
+                .get_or_init(|| device.upload(self, true).map(Arc::from));
+            if let Some(m) = kept {
+                return run(m.as_ref(), xs, tokens, ys);
+            }
+        }
+        match device.upload(self, false) {
+            Some(m) => run(m.as_ref(), xs, tokens, ys),
+            None => false,
+        }
+    }
+}
+
+fn run(m: &dyn DeviceMatrix, xs: &[f32], tokens: usize, ys: &mut [f32]) -> bool {
+    match m.matmul(xs, tokens, ys) {
+        Ok(()) => true,
+        Err(e) => {
+            // A device that fails mid-run (lost, out of memory) cannot keep the run going; the
+            // CPU computes this product and says so once.
+            if !FAILED.swap(true, Ordering::Relaxed) {
+                eprintln!("warning: a product on the GPU failed ({e}); computing on the CPU");
+            }
+            false
+        }
+    }
+}
