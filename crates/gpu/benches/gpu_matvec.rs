@@ -14,7 +14,7 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(1);
     let g = match select(Preference::Gpu) {
-        Ok(Selection::Gpu(g)) => g,
+        Ok(Selection::Gpu(g)) => *g,
         Ok(Selection::Cpu { why }) => panic!("no GPU: {why}"),
         Err(e) => {
             eprintln!("{e}");

@@ -57,7 +57,7 @@ pub enum GpuError {
 /// The device a run computes on, and why.
 pub enum Selection {
     Cpu { why: String },
-    Gpu(Gpu),
+    Gpu(Box<Gpu>),
 }
 
 /// One adapter's description, as `select` saw it.
@@ -146,7 +146,7 @@ pub fn select(pref: Preference) -> Result<Selection, GpuError> {
     found.sort_by_key(|a| rank(a.get_info().device_type));
     if pref == Preference::Gpu {
         return match found.into_iter().next() {
-            Some(a) => Gpu::from_adapter(a).map(Selection::Gpu),
+            Some(a) => Gpu::from_adapter(a).map(|g| Selection::Gpu(Box::new(g))),
             None => Err(GpuError::NoAdapter),
         };
     }
@@ -156,7 +156,7 @@ pub fn select(pref: Preference) -> Result<Selection, GpuError> {
         .iter()
         .position(|a| a.get_info().device_type == wgpu::DeviceType::DiscreteGpu)
     {
-        Some(i) => Gpu::from_adapter(found.swap_remove(i)).map(Selection::Gpu),
+        Some(i) => Gpu::from_adapter(found.swap_remove(i)).map(|g| Selection::Gpu(Box::new(g))),
         None => Ok(Selection::Cpu {
             why: match found.first().map(|a| summary(&a.get_info())) {
                 Some(a) if a.software => format!("only a software GPU adapter: {a}"),
@@ -181,6 +181,8 @@ pub struct Gpu {
     read: wgpu::ComputePipeline,
     /// Errors the device reported outside any error scope (validation, loss), oldest first.
     errors: Arc<Mutex<Vec<String>>>,
+    /// The buffers products run through, one product at a time.
+    scratch: Mutex<matrix::Scratch>,
 }
 
 impl Gpu {
@@ -221,6 +223,7 @@ impl Gpu {
             matmul,
             read,
             errors,
+            scratch: Mutex::default(),
         })
     }
 

@@ -203,21 +203,20 @@ impl Gpu {
             )));
         }
         let out_len = tokens * m.rows;
-        let x_buf = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some("activations"),
-            contents: &f32_bytes(xs),
-            usage: wgpu::BufferUsages::STORAGE,
-        });
         let out_bytes = (out_len * 4) as u64;
-        let y_buf = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("outputs"),
-            size: out_bytes,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
+        // One product at a time through buffers kept for the next (no buffers made per product).
+        let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let Scratch { x, y, staging } = &mut *scratch;
+        let use_x = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
+        let x_buf = ensure(&self.device, x, (xs.len() * 4) as u64, use_x, "activations");
+        self.queue.write_buffer(x_buf, 0, &f32_bytes(xs));
+        let use_y = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC;
+        let y_buf = ensure(&self.device, y, out_bytes, use_y, "outputs");
+        let use_s = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
+        let staging = ensure(&self.device, staging, out_bytes, use_s, "read back");
         let mut enc = self.device.create_command_encoder(&Default::default());
-        let _params = self.encode_matmul(&mut enc, m, &x_buf, &y_buf, tokens)?;
-        self.read_back(enc, &y_buf, out_len)
+        let _params = self.encode_matmul(&mut enc, m, x_buf, y_buf, tokens)?;
+        self.read_back(enc, y_buf, staging, out_len)
     }
 
     /// Records the dispatches of one product into `enc`; returns the parameter buffers, which
@@ -307,23 +306,19 @@ impl Gpu {
         Ok(run(reps.max(1))? / reps.max(1) as f64)
     }
 
-    /// Submits `enc` with a copy of `src` into a mapped buffer and returns its `len` floats.
+    /// Submits `enc` with a copy of `src` into `staging` (mappable, at least `len` floats) and
+    /// returns its `len` floats.
     pub(crate) fn read_back(
         &self,
         mut enc: wgpu::CommandEncoder,
         src: &wgpu::Buffer,
+        staging: &wgpu::Buffer,
         len: usize,
     ) -> Result<Vec<f32>, GpuError> {
         let bytes = (len * 4) as u64;
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("read back"),
-            size: bytes,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        enc.copy_buffer_to_buffer(src, 0, &staging, 0, bytes);
+        enc.copy_buffer_to_buffer(src, 0, staging, 0, bytes);
         self.queue.submit([enc.finish()]);
-        let slice = staging.slice(..);
+        let slice = staging.slice(..bytes);
         let (tx, rx) = std::sync::mpsc::channel();
         slice.map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
@@ -356,6 +351,34 @@ impl Gpu {
         staging.unmap();
         Ok(out)
     }
+}
+
+/// Buffers one product at a time works through, kept and grown for the next.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    x: Option<wgpu::Buffer>,
+    y: Option<wgpu::Buffer>,
+    staging: Option<wgpu::Buffer>,
+}
+
+/// `slot`'s buffer, made anew (a power of two of bytes) when it is missing or smaller than
+/// `bytes`.
+fn ensure<'a>(
+    device: &wgpu::Device,
+    slot: &'a mut Option<wgpu::Buffer>,
+    bytes: u64,
+    usage: wgpu::BufferUsages,
+    label: &str,
+) -> &'a wgpu::Buffer {
+    if slot.as_ref().is_none_or(|b| b.size() < bytes) {
+        *slot = Some(device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: bytes.max(16).next_power_of_two(),
+            usage,
+            mapped_at_creation: false,
+        }));
+    }
+    slot.as_ref().expect("made above")
 }
 
 pub(crate) fn entry(binding: u32, buffer: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {

@@ -9,7 +9,7 @@ fn gpu() -> Option<Gpu> {
     match select(Preference::Gpu) {
         Ok(Selection::Gpu(g)) => {
             eprintln!("GPU tests on {}", g.adapter());
-            Some(g)
+            Some(*g)
         }
         Ok(Selection::Cpu { why }) => panic!("--device gpu chose the CPU: {why}"),
         Err(e) if std::env::var("STRATA_NO_GPU").is_ok_and(|v| v == "1") => {

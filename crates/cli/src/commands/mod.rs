@@ -380,7 +380,7 @@ fn setup_device(pref: strata_gpu::Preference, gpu_mem: Option<&str>) -> Result<(
                 "device: GPU {} for the non-expert BF16/F16/F32 weights' products ({budget_text}); the rest on the CPU",
                 g.adapter()
             );
-            let offload = Arc::new(strata_gpu::Offload::new(g, budget));
+            let offload = Arc::new(strata_gpu::Offload::new(*g, budget));
             let _ = GPU.set(offload.clone());
             strata_kernels::offload::install(offload);
         }

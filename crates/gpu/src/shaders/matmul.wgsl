@@ -42,28 +42,34 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     var acc = array<f32, 8>(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
     let base = prm.elem0 + r * prm.in_dim;
     let full = prm.in_dim / 8u;
+    // Loops over the tokens and a group's inputs have constant bounds (the compiler unrolls them,
+    // keeping the sums in registers); tokens past `nt` are skipped, not computed.
     for (var g = l; g < full; g = g + LANES) {
         let k = 8u * g;
         let v = load8(base + k);
-        for (var t = 0u; t < nt; t = t + 1u) {
-            let xi = (t0 + t) * prm.in_dim + k;
-            var s = acc[t];
-            for (var j = 0u; j < 8u; j = j + 1u) {
-                s = s + v[j] * x[xi + j];
+        for (var t = 0u; t < TB; t = t + 1u) {
+            if (t < nt) {
+                let xi = (t0 + t) * prm.in_dim + k;
+                var s = acc[t];
+                for (var j = 0u; j < 8u; j = j + 1u) {
+                    s = s + v[j] * x[xi + j];
+                }
+                acc[t] = s;
             }
-            acc[t] = s;
         }
     }
     // The last, partial group: invocation `full % 64` (the next in turn) takes it.
     if (full * 8u < prm.in_dim && l == full % LANES) {
         let k = 8u * full;
-        for (var t = 0u; t < nt; t = t + 1u) {
-            let xi = (t0 + t) * prm.in_dim;
-            var s = acc[t];
-            for (var j = k; j < prm.in_dim; j = j + 1u) {
-                s = s + elem(base + j) * x[xi + j];
+        for (var t = 0u; t < TB; t = t + 1u) {
+            if (t < nt) {
+                let xi = (t0 + t) * prm.in_dim;
+                var s = acc[t];
+                for (var j = k; j < prm.in_dim; j = j + 1u) {
+                    s = s + elem(base + j) * x[xi + j];
+                }
+                acc[t] = s;
             }
-            acc[t] = s;
         }
     }
     for (var t = 0u; t < TB; t = t + 1u) {
