@@ -190,6 +190,47 @@ pub(crate) fn hsum256(v: std::arch::x86_64::__m256) -> f32 {
     tree8(lanes)
 }
 
+/// [`hsum256`] of each of N (at most 8) vectors, side by side: the same pairs added in the same
+/// order (so the same bits), a few shuffles and adds for all of them instead of a store and seven
+/// dependent scalar adds each. Levels, as in [`tree8`]: lane i + lane i + 4 (two tokens' halves
+/// per vector), then adjacent pairs twice (`hadd`, which leaves tokens 0, 2, 4, 6 in the low
+/// half and 1, 3, 5, 7 in the high one).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx")]
+pub(crate) fn hsum256_n<const N: usize>(v: &[std::arch::x86_64::__m256; N]) -> [f32; N] {
+    use std::arch::x86_64::*;
+    const LANE_OF: [usize; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
+    assert!(N <= 8);
+    let mut out = [0f32; N];
+    if N == 1 {
+        out[0] = hsum256(v[0]);
+        return out;
+    }
+    let at = |t: usize| if t < N { v[t] } else { _mm256_setzero_ps() };
+    #[inline]
+    #[target_feature(enable = "avx")]
+    fn halves(a: __m256, b: __m256) -> __m256 {
+        _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x20>(a, b),
+            _mm256_permute2f128_ps::<0x31>(a, b),
+        )
+    }
+    let q0 = _mm256_hadd_ps(halves(at(0), at(1)), halves(at(2), at(3)));
+    let q1 = if N > 4 {
+        _mm256_hadd_ps(halves(at(4), at(5)), halves(at(6), at(7)))
+    } else {
+        _mm256_setzero_ps()
+    };
+    let mut lanes = [0f32; 8];
+    // SAFETY: the store writes 8 f32 into a local array of 8.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_hadd_ps(q0, q1)) };
+    for (t, o) in out.iter_mut().enumerate() {
+        *o = lanes[LANE_OF[t]];
+    }
+    out
+}
+
 #[cfg(target_arch = "x86_64")]
 pub mod x86 {
     //! AVX2+FMA variants. Callers reach them only after feature detection.
@@ -356,18 +397,18 @@ pub mod x86 {
                     }
                     i += 8;
                 }
-                let mut out = [0f32; N];
-                for t in 0..N {
-                    let v = if $pair {
+                let v: [__m256; N] = std::array::from_fn(|t| {
+                    if $pair {
                         _mm256_add_ps(a0[t], a1[t])
                     } else {
                         a0[t]
-                    };
-                    let mut sum = super::hsum256(v);
-                    for j in i..n {
-                        sum += $widen(w[j]) * xs[t][j];
                     }
-                    out[t] = sum;
+                });
+                let mut out = super::hsum256_n(&v);
+                for (t, sum) in out.iter_mut().enumerate() {
+                    for j in i..n {
+                        *sum += $widen(w[j]) * xs[t][j];
+                    }
                 }
                 out
             }

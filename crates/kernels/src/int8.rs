@@ -96,13 +96,13 @@ pub mod x86 {
             }
             i += 16;
         }
-        let mut out = [0f32; N];
-        for t in 0..N {
-            let mut s = crate::dot::hsum256(_mm256_add_ps(a0[t], a1[t]));
+        let v: [__m256; N] = std::array::from_fn(|t| _mm256_add_ps(a0[t], a1[t]));
+        let mut out = crate::dot::hsum256_n(&v);
+        for (t, s) in out.iter_mut().enumerate() {
             for j in i..n {
-                s += w[j] as f32 * xs[t][j];
+                *s += w[j] as f32 * xs[t][j];
             }
-            out[t] = s * scale;
+            *s *= scale;
         }
         out
     }

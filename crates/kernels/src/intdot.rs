@@ -790,7 +790,7 @@ pub mod x86 {
                         t0[k] = _mm256_fmadd_ps($block_sum(&w, &*act[k].add(b)), c, t0[k]);
                     }
                 }
-                std::array::from_fn(|k| crate::dot::hsum256(_mm256_add_ps(t0[k], t1[k])))
+                crate::dot::hsum256_n(&std::array::from_fn(|k| _mm256_add_ps(t0[k], t1[k])))
             }
         };
     }

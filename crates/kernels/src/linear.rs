@@ -238,6 +238,50 @@ pub fn weight_bytes_touched() -> u64 {
 const PARALLEL_MIN_WORK: usize = 1 << 17;
 const ROWS_PER_TASK: usize = 16;
 
+/// A task's block of a several-token product: `rows` x `tokens`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Tile {
+    rows: usize,
+    tokens: usize,
+}
+
+/// The weight bytes a several-token task keeps in a core's private cache (L2) while every token
+/// group of the task passes over them: each weight row comes from memory once per task.
+const TILE_WEIGHT_BYTES: usize = 256 << 10;
+
+/// Above this many bytes of activations a product's tokens split into blocks (a share of the
+/// shared cache): every row block reads its tokens' activations from there.
+const TILE_ACT_BYTES: usize = 8 << 20;
+
+/// How a several-token product of `out` rows, `in_dim` inputs (`row_bytes` of weights per row)
+/// and `tokens` tokens splits into tasks. A task reads its rows' weights from memory once and
+/// its tokens' activations from the shared cache once, so the more rows per task, the fewer
+/// bytes that cache serves per multiply-add: rows (a power of two from [`ROWS_PER_TASK`]) up to
+/// [`TILE_WEIGHT_BYTES`] of weights, all tokens up to [`TILE_ACT_BYTES`], then fewer rows until
+/// there are four tasks per thread, then fewer tokens (multiples of 8) until every thread has
+/// one. Any split gives the same bits: every output is one row's kernel over one token.
+fn tiles(out: usize, in_dim: usize, tokens: usize, row_bytes: usize, threads: usize) -> Tile {
+    let act_bytes = (in_dim * 4).max(1);
+    let mut t = Tile {
+        rows: ROWS_PER_TASK,
+        tokens,
+    };
+    while t.rows < out && 2 * t.rows * row_bytes <= TILE_WEIGHT_BYTES {
+        t.rows *= 2;
+    }
+    if tokens * act_bytes > TILE_ACT_BYTES {
+        t.tokens = (TILE_ACT_BYTES / act_bytes / 8 * 8).max(8);
+    }
+    let count = |t: &Tile| out.div_ceil(t.rows) * tokens.div_ceil(t.tokens);
+    while count(&t) < 4 * threads && t.rows > ROWS_PER_TASK {
+        t.rows /= 2;
+    }
+    while count(&t) < threads && t.tokens > 8 {
+        t.tokens = (t.tokens / 2).div_ceil(8) * 8;
+    }
+    t
+}
+
 impl Linear {
     /// Panics when the buffers do not fit the shape (loaders check with
     /// [`WeightData::check_shape`] first and report the tensor at fault).
@@ -492,7 +536,9 @@ impl Linear {
         })
     }
 
-    /// The several-token part of [`Linear::matmul`] on activations as they are.
+    /// The several-token part of [`Linear::matmul`] on activations as they are: tasks of a block
+    /// of rows x a block of tokens ([`tiles`]), each computing into a buffer of its own (a few
+    /// KiB) and then writing its part of every token's output (no (out, T) copy of the product).
     fn matmul_tokens(
         &self,
         xs: &[f32],
@@ -501,28 +547,56 @@ impl Linear {
         serial: bool,
         ys: &mut [f32],
     ) {
-        // Each block of rows computes into a buffer of its own (rows x T, a few KiB), then writes
-        // its rows of every token's output: no (out, T) copy of the whole product.
-        let out_dim = self.out_dim;
+        let threads = if serial { 1 } else { crate::threads() };
+        let tile = tiles(
+            self.out_dim,
+            self.in_dim,
+            n_tokens,
+            self.bytes() / self.out_dim.max(1),
+            threads,
+        );
+        self.matmul_tiled(xs, n_tokens, prepared, serial, tile, ys)
+    }
+
+    /// [`Linear::matmul_tokens`] with tasks of `tile`.
+    fn matmul_tiled(
+        &self,
+        xs: &[f32],
+        n_tokens: usize,
+        prepared: &[Prepared],
+        serial: bool,
+        tile: Tile,
+        ys: &mut [f32],
+    ) {
+        let (out_dim, n) = (self.out_dim, self.in_dim);
+        let row_blocks = out_dim.div_ceil(tile.rows);
         let ys_at = OutPtr(ys.as_mut_ptr());
-        let block = |b: usize| {
-            let rows = b * ROWS_PER_TASK..((b + 1) * ROWS_PER_TASK).min(out_dim);
-            let mut local = vec![0f32; rows.len() * n_tokens]; // (rows, T)
-            self.rows_dot_prepared_tokens(rows.clone(), xs, prepared, &mut local);
-            for (i, row) in local.chunks_exact(n_tokens).enumerate() {
-                for (t, v) in row.iter().enumerate() {
+        let task = |b: usize| {
+            let (rb, tb) = (b % row_blocks, b / row_blocks);
+            let rows = rb * tile.rows..((rb + 1) * tile.rows).min(out_dim);
+            let toks = tb * tile.tokens..((tb + 1) * tile.tokens).min(n_tokens);
+            let m = toks.len();
+            let mut local = vec![0f32; rows.len() * m]; // (rows, m)
+            self.rows_dot_prepared_tokens(
+                rows.clone(),
+                &xs[toks.start * n..toks.end * n],
+                &prepared[toks.clone()],
+                &mut local,
+            );
+            for (i, row) in local.chunks_exact(m).enumerate() {
+                for (t, v) in toks.clone().zip(row) {
                     // SAFETY: t < n_tokens and rows.start + i < out_dim index inside `ys`
-                    // (T x out_dim, checked above); blocks own disjoint rows, so no two tasks
-                    // write one element, and `ys` outlives the tasks.
+                    // (T x out_dim, checked above); tasks own disjoint (row, token) blocks, so no
+                    // two write one element, and `ys` outlives the tasks.
                     unsafe { *ys_at.get().add(t * out_dim + rows.start + i) = *v };
                 }
             }
         };
-        let blocks = out_dim.div_ceil(ROWS_PER_TASK);
+        let tasks = row_blocks * n_tokens.div_ceil(tile.tokens);
         if serial {
-            (0..blocks).for_each(block);
+            (0..tasks).for_each(task);
         } else {
-            (0..blocks).into_par_iter().for_each(block);
+            (0..tasks).into_par_iter().for_each(task);
         }
     }
 
@@ -751,6 +825,55 @@ mod tests {
             let mut y = vec![0f32; out];
             lin.matvec(&xs[t * inp..(t + 1) * inp], &mut y);
             assert_eq!(&ys[t * out..(t + 1) * out], &y[..], "token {t}");
+        }
+    }
+
+    #[test]
+    fn products_split_into_row_and_token_blocks_keep_each_tokens_bits() {
+        let (out, inp, n_tokens) = (77, 300, 21);
+        let w: Vec<u16> = (0..out * inp)
+            .map(|i| half::bf16::from_f32(((i * 7919) % 1000) as f32 / 500.0 - 1.0).to_bits())
+            .collect();
+        let lin = Linear::new(out, inp, WeightData::Bf16(w.into()));
+        let xs: Vec<f32> = (0..n_tokens * inp)
+            .map(|i| ((i * 31) % 97) as f32 / 97.0 - 0.5)
+            .collect();
+        let prepared: Vec<Prepared> = xs.chunks_exact(inp).map(|x| lin.prepare(x)).collect();
+        let mut alone = vec![0f32; n_tokens * out];
+        for t in 0..n_tokens {
+            lin.matvec(&xs[t * inp..(t + 1) * inp], &mut alone[t * out..(t + 1) * out]);
+        }
+        for (rows, tokens) in [(16, 8), (32, 5), (64, 21), (128, 1)] {
+            let mut ys = vec![f32::NAN; n_tokens * out];
+            lin.matmul_tiled(&xs, n_tokens, &prepared, false, Tile { rows, tokens }, &mut ys);
+            assert_eq!(ys, alone, "tiles of {rows} rows x {tokens} tokens");
+        }
+    }
+
+    #[test]
+    fn tiles_fit_the_cache_and_leave_every_thread_work() {
+        for (out, inp, tokens, threads) in [
+            (4096, 2048, 512, 16),
+            (768, 2048, 32, 16),
+            (2048, 768, 32, 2),
+            (7168, 7168, 512, 16),
+            (16, 64, 3, 1),
+            (151_936, 2048, 1, 16),
+        ] {
+            let t = tiles(out, inp, tokens, inp * 2, threads);
+            assert!(t.rows >= ROWS_PER_TASK && t.rows.is_power_of_two(), "{t:?}");
+            assert!(t.tokens >= 1 && t.tokens <= tokens, "{t:?}");
+            let count = out.div_ceil(t.rows) * tokens.div_ceil(t.tokens);
+            assert!(
+                t.rows * inp * 2 <= TILE_WEIGHT_BYTES || t.rows == ROWS_PER_TASK,
+                "{t:?}"
+            );
+            assert!(t.tokens * inp * 4 <= TILE_ACT_BYTES || t.tokens <= 8, "{t:?}");
+            assert!(
+                count >= 4 * threads || t.rows == ROWS_PER_TASK,
+                "{out}x{inp}, {tokens}: {t:?}"
+            );
+            assert!(count >= threads || t.tokens <= 8, "{out}x{inp}, {tokens}: {t:?}");
         }
     }
 }
