@@ -1,7 +1,8 @@
 //! BF16 products on Intel AMX tiles (`tdpbf16ps`), for every BF16 product of a process, when
 //! asked for (`STRATA_AMX=1`) and the CPU and Linux allow it. Off by default: measured on the H200
-//! machine's Xeon (AMX BF16/INT8) it is slower than the AVX-512 kernels for one token (decode)
-//! and for whole prompts, faster only for some matrices at 128 tokens (docs/PERFORMANCE.md).
+//! machine's Xeon (AMX BF16/INT8) whole 512-token prompts run 1.2-1.5x faster than on the AVX-512
+//! kernels, but one-token products (decode) reach less of the memory's rate on some shapes
+//! (docs/PERFORMANCE.md).
 //!
 //! A tile product multiplies BF16 by BF16 into f32 sums, but activations are f32: each is split
 //! exactly into three BF16 parts (x = hi + mid + lo, each the top 8 significant bits of what is
@@ -11,26 +12,28 @@
 //!
 //! Batch invariance: the sum of output (row n, token t) depends only on row n's weights and
 //! token t's activation, through the same tile steps in the same order, whatever the number of
-//! tokens (a lone token fills one column of a 16-column tile; the others are zero) and whichever
-//! tile of the block its row lands in. So one-token products (decode) and several-token ones
-//! (prompts, batches) give the same bits, and every BF16 product of the process takes this path.
+//! tokens, whichever column of a tile its parts land in and whichever tile its row lands in. So
+//! one-token products (decode) and several-token ones (prompts, batches) give the same bits, and
+//! every BF16 product of the process takes this path.
 //!
-//! Tiles: 0-2 hold a block of 16 rows x up to 16 tokens' f32 sums with the activation's hi, mid
-//! and lo parts (summed apart, then added: (hi + mid) + lo); 3 the block's weights for 32 inputs
-//! (16 rows of 64 bytes, loaded straight from the matrix with its row pitch as the stride); 4-6
-//! the activation's three parts for the same 32 inputs (16 rows of input pairs x the block's
-//! tokens, laid out once per product by [`AmxAct`]). A block of n
-//! tokens uses tiles n columns wide, so a lone token (decode) reads 6 bytes of activation per
-//! input, not a 16-column tile mostly of zeros.
+//! Layout: a token's three parts are three columns of an activation tile (five tokens per tile,
+//! laid out once per product by [`AmxAct`]), so one tile product gives 16 rows x 5 tokens of all
+//! three sums. A pass keeps 2 x 2 tiles of sums (32 rows x 10 tokens), loads two tiles of
+//! weights (16 rows of 64 bytes each, straight from the matrix with its row pitch as the stride)
+//! and two of activations per 32 inputs, and runs four tile products on them.
 
 use std::arch::asm;
 use std::sync::OnceLock;
 
 /// Inputs per tile step (16 pairs of BF16 per 64-byte tile row).
 pub const K_TILE: usize = 32;
-/// Rows of a block (one tile of sums) and tokens per block of columns.
+/// Rows of a block of sums (one tile).
 pub const ROWS: usize = 16;
-pub const TOKENS: usize = 16;
+/// Tokens per block of columns: three columns each (the activation's hi, mid and lo parts), 15
+/// of a tile's 16.
+pub const TOKENS: usize = 5;
+/// Columns per token.
+const PARTS: usize = 3;
 
 /// Whether BF16 products run on AMX: `STRATA_AMX=1` asks for it, the kernels in use are
 /// AVX-512 (see [`crate::isa`]), the CPU has AMX-TILE and AMX-BF16, and Linux granted the
@@ -65,33 +68,6 @@ fn request_tile_state() -> bool {
     false
 }
 
-/// The tile configuration (palette 1) for blocks of `n` tokens: tiles 0-2 (sums) 16 rows of n
-/// f32, 3 (weights) 16 rows of 32 BF16, 4-6 (activation parts) 16 rows of n input pairs.
-#[repr(C, align(64))]
-struct TileConfig {
-    palette: u8,
-    start_row: u8,
-    reserved: [u8; 14],
-    colsb: [u16; 16],
-    rows: [u8; 16],
-    reserved2: [u8; 16],
-}
-
-impl TileConfig {
-    fn for_tokens(n: usize) -> TileConfig {
-        assert!((1..=TOKENS).contains(&n));
-        let c = 4 * n as u16;
-        TileConfig {
-            palette: 1,
-            start_row: 0,
-            reserved: [0; 14],
-            colsb: [c, c, c, 64, c, c, c, 0, 0, 0, 0, 0, 0, 0, 0, 0],
-            rows: [16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0],
-            reserved2: [0; 16],
-        }
-    }
-}
-
 /// The three BF16 parts of x, each truncated to the top of what is left: x = hi + mid + lo
 /// exactly (f32's 24 significant bits in three parts of 8).
 #[inline]
@@ -108,99 +84,151 @@ pub fn split3(x: f32) -> [u16; 3] {
     ]
 }
 
-/// Input tiles per task when an activation is laid out on the kernels' threads.
-const KT_PER_TASK: usize = 8;
+/// Activation tiles laid out per task when an activation is laid out on the kernels' threads.
+const TILES_PER_TASK: usize = 16;
 
-/// Activations laid out for the tiles. Tokens go in blocks of 16 (the last one shorter, n
-/// tokens); per block and per 32 inputs three tiles (hi, mid, lo) of 16 rows, row p holding
-/// inputs 2p and 2p + 1 of each of the block's n tokens (n pairs, 4n bytes); inputs past the
-/// end are zero. For one token this is each part's BF16 in input order.
+/// Activations laid out for the tiles. Tokens go in blocks of `cols` = min(T, [`TOKENS`]) (the
+/// last block may hold fewer, its other columns zero); per block and per 32 inputs one tile of
+/// 16 rows, row p holding inputs 2p and 2p + 1 of each part (hi, mid, lo) of each token: column
+/// 3j + q is part q of the block's token j. Inputs past the end are zero.
 pub struct AmxAct {
     pub tokens: usize,
     pub in_dim: usize,
     k_tiles: usize,
+    cols: usize,
     data: Vec<u16>,
 }
 
 impl AmxAct {
-    /// From `xs` (tokens x in_dim, row-major); blocks of 16 or more tokens are laid out on the
-    /// kernels' threads.
+    /// From `xs` (tokens x in_dim, row-major), laid out on the kernels' threads when large.
     pub fn new(xs: &[f32], tokens: usize, in_dim: usize) -> AmxAct {
         assert_eq!(xs.len(), tokens * in_dim);
         let k_tiles = in_dim.div_ceil(K_TILE);
-        let mut data = vec![0u16; tokens * k_tiles * 3 * K_TILE];
-        for (tb, block) in data.chunks_mut(TOKENS * k_tiles * 3 * K_TILE).enumerate() {
-            let n = (tokens - tb * TOKENS).min(TOKENS);
-            let x = &xs[tb * TOKENS * in_dim..(tb * TOKENS + n) * in_dim];
-            let per_task = KT_PER_TASK * 3 * K_TILE * n;
-            let fill = |i: usize, chunk: &mut [u16]| fill_tiles(x, n, in_dim, i * KT_PER_TASK, chunk);
-            if n == TOKENS {
-                crate::for_each_chunk(block, per_task, fill);
-            } else {
-                block
-                    .chunks_mut(per_task)
-                    .enumerate()
-                    .for_each(|(i, c)| fill(i, c));
+        let cols = tokens.clamp(1, TOKENS);
+        let tile = ROWS * 2 * PARTS * cols;
+        let mut data = vec![0u16; tokens.div_ceil(cols) * k_tiles * tile];
+        let fill = |i: usize, chunk: &mut [u16]| {
+            for (g, t) in chunk.chunks_exact_mut(tile).enumerate() {
+                let g = i * TILES_PER_TASK + g;
+                fill_tile(xs, tokens, in_dim, cols, g / k_tiles, g % k_tiles, t);
             }
+        };
+        if tokens * in_dim < 1 << 14 {
+            data.chunks_mut(TILES_PER_TASK * tile)
+                .enumerate()
+                .for_each(|(i, c)| fill(i, c));
+        } else {
+            crate::for_each_chunk(&mut data, TILES_PER_TASK * tile, fill);
         }
         AmxAct {
             tokens,
             in_dim,
             k_tiles,
+            cols,
             data,
         }
     }
 
-    /// The three tiles (hi, mid, lo) of token block `tb` at input tile `kt`, and their stride.
-    fn tiles(&self, tb: usize, kt: usize) -> ([*const u8; 3], usize) {
-        let n = (self.tokens - tb * TOKENS).min(TOKENS);
-        let tile = K_TILE * n; // u16 per tile
-        let base = tb * TOKENS * self.k_tiles * 3 * K_TILE + kt * 3 * tile;
-        let p = |s: usize| self.data[base + s * tile..].as_ptr() as *const u8;
-        ([p(0), p(1), p(2)], 4 * n)
+    /// Blocks of columns (of up to [`TOKENS`] tokens each).
+    pub fn blocks(&self) -> usize {
+        self.tokens.div_ceil(self.cols)
+    }
+
+    /// Tokens per block of columns (the last block may hold fewer).
+    pub fn block_tokens(&self) -> usize {
+        self.cols
+    }
+
+    /// Tokens in block `b`.
+    fn tokens_in(&self, b: usize) -> usize {
+        (self.tokens - b * self.cols).min(self.cols)
+    }
+
+    /// Block `b`'s tile at input tile `kt`, and the tiles' row stride in bytes.
+    fn tile(&self, b: usize, kt: usize) -> (*const u8, usize) {
+        let tile = ROWS * 2 * PARTS * self.cols;
+        let p = self.data[(b * self.k_tiles + kt) * tile..].as_ptr() as *const u8;
+        (p, 4 * PARTS * self.cols)
     }
 }
 
-/// The tiles of input tiles `kt0..` of a block of `n` tokens (`x`: n x in_dim) into `out`
-/// (whole input tiles, each three tiles of 32 n).
-fn fill_tiles(x: &[f32], n: usize, in_dim: usize, kt0: usize, out: &mut [u16]) {
-    let tile = K_TILE * n;
-    for (i, tiles) in out.chunks_mut(3 * tile).enumerate() {
-        let k0 = (kt0 + i) * K_TILE;
-        let width = (in_dim - k0).min(K_TILE);
-        for t in 0..n {
-            let xt = &x[t * in_dim + k0..t * in_dim + k0 + width];
-            for (j, &v) in xt.iter().enumerate() {
-                // Row j / 2, token t, element j % 2 of the pair.
-                let at = (j / 2) * 2 * n + 2 * t + j % 2;
-                let [hi, mid, lo] = split3(v);
-                tiles[at] = hi;
-                tiles[tile + at] = mid;
-                tiles[2 * tile + at] = lo;
+/// Tile `kt` of column block `b` (zeroed before).
+fn fill_tile(xs: &[f32], tokens: usize, in_dim: usize, cols: usize, b: usize, kt: usize, t: &mut [u16]) {
+    let k0 = kt * K_TILE;
+    let width = (in_dim - k0).min(K_TILE);
+    let row_len = 2 * PARTS * cols;
+    for j in 0..(tokens - b * cols).min(cols) {
+        let x = &xs[(b * cols + j) * in_dim + k0..][..width];
+        for (k, &v) in x.iter().enumerate() {
+            let at = (k / 2) * row_len + 2 * PARTS * j + k % 2;
+            for (q, part) in split3(v).into_iter().enumerate() {
+                t[at + 2 * q] = part;
             }
         }
     }
 }
 
+/// The tile configuration (palette 1) for a pass of `m` = (m0, m1) rows and `n` = (n0, n1)
+/// tokens (a 0 leaves that tile out): tiles 0-3 the sums of (rows 0, tokens 0), (rows 1,
+/// tokens 0), (rows 0, tokens 1), (rows 1, tokens 1); 4 and 5 the two row blocks' weights for
+/// 32 inputs; 6 and 7 the two token blocks' activation parts for the same inputs.
+#[repr(C, align(64))]
+struct TileConfig {
+    palette: u8,
+    start_row: u8,
+    reserved: [u8; 14],
+    colsb: [u16; 16],
+    rows: [u8; 16],
+    reserved2: [u8; 16],
+}
+
+impl TileConfig {
+    fn new(m: (usize, usize), n: (usize, usize)) -> TileConfig {
+        assert!(m.0 > 0 && m.0 <= ROWS && m.1 <= ROWS && n.0 > 0 && n.0 <= TOKENS && n.1 <= TOKENS);
+        let mut c = TileConfig {
+            palette: 1,
+            start_row: 0,
+            reserved: [0; 14],
+            colsb: [0; 16],
+            rows: [0; 16],
+            reserved2: [0; 16],
+        };
+        let cols = |n: usize| (4 * PARTS * n) as u16;
+        let mut set = |tile: usize, rows: usize, colsb: u16| {
+            if rows > 0 && colsb > 0 {
+                c.rows[tile] = rows as u8;
+                c.colsb[tile] = colsb;
+            }
+        };
+        set(0, m.0, cols(n.0));
+        set(1, m.1, cols(n.0));
+        set(2, m.0, cols(n.1));
+        set(3, m.1, cols(n.1));
+        set(4, m.0, 64);
+        set(5, m.1, 64);
+        set(6, ROWS, cols(n.0));
+        set(7, ROWS, cols(n.1));
+        c
+    }
+}
+
 /// Where a block's weights for one input tile come from: straight from the matrix (its row
-/// pitch as the stride) or, at the ragged edges (fewer than 16 rows, fewer than 32 inputs
-/// left), from a zero-padded copy.
+/// pitch as the stride) or, past the last whole 32 inputs, from a zero-padded copy.
 struct WeightTiles<'a> {
     w: &'a [u16],
     in_dim: usize,
-    rows: usize,
     r0: usize,
+    rows: usize,
     pad: [u16; ROWS * K_TILE],
 }
 
 impl<'a> WeightTiles<'a> {
-    fn new(w: &'a [u16], in_dim: usize, r0: usize) -> WeightTiles<'a> {
-        let rows = (w.len() / in_dim - r0).min(ROWS);
+    fn new(w: &'a [u16], in_dim: usize, r0: usize, rows: usize) -> WeightTiles<'a> {
         WeightTiles {
             w,
             in_dim,
-            rows,
             r0,
+            rows,
             pad: [0; ROWS * K_TILE],
         }
     }
@@ -221,12 +249,12 @@ impl<'a> WeightTiles<'a> {
     /// (pointer, stride in bytes) of input tile `kt`.
     fn tile(&mut self, kt: usize) -> (*const u8, usize) {
         let k0 = kt * K_TILE;
-        if self.rows == ROWS && k0 + K_TILE <= self.in_dim {
-            let p = self.w[(self.r0 * self.in_dim + k0)..].as_ptr() as *const u8;
+        if self.rows == 0 || k0 + K_TILE <= self.in_dim {
+            let p = self.w[(self.r0 * self.in_dim + k0).min(self.w.len())..].as_ptr() as *const u8;
             return (p, self.in_dim * 2);
         }
         self.pad = [0; ROWS * K_TILE];
-        let width = (self.in_dim - k0).min(K_TILE);
+        let width = self.in_dim - k0;
         for r in 0..self.rows {
             let src = (self.r0 + r) * self.in_dim + k0;
             self.pad[r * K_TILE..r * K_TILE + width].copy_from_slice(&self.w[src..src + width]);
@@ -240,8 +268,15 @@ impl<'a> WeightTiles<'a> {
 /// not follow as far as a sequential read).
 const PREFETCH_TILES: usize = 16;
 
-/// `out(r, t) = row r . token t` for rows `r0..r0 + rows` of `w` (`in_dim` wide) and every token
-/// of `act`, written through `put(r, t, value)` (r counted from `r0`).
+/// One tile of sums as stored (16 rows of 16 f32).
+#[repr(C, align(64))]
+struct Sums([[f32; 16]; ROWS]);
+
+/// `out(r, t) = row r . token t` for rows `r0..r0 + rows` of `w` (`in_dim` wide) and the tokens
+/// of column blocks `blocks` of `act`, written through `put(r, t, value)` (r counted from
+/// `r0`). Passes of 32 rows x two column blocks (10 tokens): each weight tile feeds two tile
+/// products, each activation tile two; the rows' weights come from memory on the first pass and
+/// from the core's cache on the next ones.
 ///
 /// # Safety
 /// [`enabled`] must be true.
@@ -251,78 +286,142 @@ pub unsafe fn rows(
     r0: usize,
     rows: usize,
     act: &AmxAct,
+    blocks: std::ops::Range<usize>,
     mut put: impl FnMut(usize, usize, f32),
 ) {
     assert!(in_dim > 0 && act.in_dim == in_dim && w.len().is_multiple_of(in_dim));
-    assert!(r0 + rows <= w.len() / in_dim);
-    let mut sums = [[[0f32; TOKENS]; ROWS]; 3];
-    let mut configured = 0;
-    for tb in 0..act.tokens.div_ceil(TOKENS) {
-        let n = (act.tokens - tb * TOKENS).min(TOKENS);
-        if n != configured {
-            let cfg = TileConfig::for_tokens(n);
-            asm!("ldtilecfg [{}]", in(reg) &cfg as *const TileConfig, options(nostack, readonly));
-            configured = n;
-        }
-        let mut r = 0;
-        while r < rows {
-            let mut a = WeightTiles::new(w, in_dim, r0 + r);
-            block(&mut a, act, tb, &mut sums);
-            for i in 0..(rows - r).min(ROWS) {
-                for j in 0..n {
-                    put(
-                        r + i,
-                        tb * TOKENS + j,
-                        (sums[0][i][j] + sums[1][i][j]) + sums[2][i][j],
-                    );
+    assert!(r0 + rows <= w.len() / in_dim && blocks.end <= act.blocks());
+    let mut sums = [
+        Sums([[0.0; 16]; ROWS]),
+        Sums([[0.0; 16]; ROWS]),
+        Sums([[0.0; 16]; ROWS]),
+        Sums([[0.0; 16]; ROWS]),
+    ];
+    let mut configured = None;
+    let mut rp = 0;
+    while rp < rows {
+        let m0 = (rows - rp).min(ROWS);
+        let m1 = (rows - rp - m0).min(ROWS);
+        let mut a = [
+            WeightTiles::new(w, in_dim, r0 + rp, m0),
+            WeightTiles::new(w, in_dim, r0 + rp + m0, m1),
+        ];
+        let mut b = blocks.start;
+        while b < blocks.end {
+            let two = b + 1 < blocks.end;
+            let n = (act.tokens_in(b), if two { act.tokens_in(b + 1) } else { 0 });
+            if configured != Some(((m0, m1), n)) {
+                let cfg = TileConfig::new((m0, m1), n);
+                asm!("ldtilecfg [{}]", in(reg) &cfg as *const TileConfig, options(nostack, readonly));
+                configured = Some(((m0, m1), n));
+            }
+            pass(&mut a, act, b, two, b == blocks.start, &mut sums);
+            let tiles = [(0, 0, 0), (1, m0, 0), (2, 0, 1), (3, m0, 1)];
+            for (s, dr, db) in tiles {
+                let (m, nt) = (if dr == 0 { m0 } else { m1 }, if db == 0 { n.0 } else { n.1 });
+                for i in 0..m {
+                    let row = &sums[s].0[i];
+                    for j in 0..nt {
+                        let v = (row[3 * j] + row[3 * j + 1]) + row[3 * j + 2];
+                        put(rp + dr + i, (b + db) * act.cols + j, v);
+                    }
                 }
             }
-            r += ROWS;
+            b += 2;
         }
+        rp += m0 + m1;
     }
     asm!("tilerelease", options(nostack, nomem));
 }
 
-/// One block of (up to) 16 rows x one block of tokens: the products with the activation's hi,
-/// mid and lo parts summed apart (three independent tile sums, so the tile products never wait
-/// on each other), into `sums[part][row][token]`.
+/// One pass over every input tile: the sums of up to 2 row blocks x 2 column blocks (`two`: a
+/// second column block), stored into `sums` (tile order as in [`TileConfig`]); `prefetch` on
+/// the first pass over these rows.
 #[inline]
-unsafe fn block(a: &mut WeightTiles, act: &AmxAct, tb: usize, sums: &mut [[[f32; TOKENS]; ROWS]; 3]) {
-    asm!(
-        "tilezero tmm0",
-        "tilezero tmm1",
-        "tilezero tmm2",
-        options(nostack, nomem)
-    );
-    for kt in 0..act.k_tiles {
-        a.prefetch(kt + PREFETCH_TILES);
-        let (p, sa) = a.tile(kt);
-        let ([hi, mid, lo], s) = act.tiles(tb, kt);
-        asm!(
-            "tileloadd tmm3, [{p} + {sa}*1]",
-            "tileloadd tmm4, [{hi} + {s}*1]",
-            "tileloadd tmm5, [{mid} + {s}*1]",
-            "tileloadd tmm6, [{lo} + {s}*1]",
-            "tdpbf16ps tmm0, tmm3, tmm4",
-            "tdpbf16ps tmm1, tmm3, tmm5",
-            "tdpbf16ps tmm2, tmm3, tmm6",
-            p = in(reg) p,
-            sa = in(reg) sa,
-            hi = in(reg) hi,
-            mid = in(reg) mid,
-            lo = in(reg) lo,
-            s = in(reg) s,
-            options(nostack, readonly),
-        );
+unsafe fn pass(
+    a: &mut [WeightTiles; 2],
+    act: &AmxAct,
+    b: usize,
+    two: bool,
+    prefetch: bool,
+    sums: &mut [Sums; 4],
+) {
+    let rows2 = a[1].rows > 0;
+    // Only configured tiles may be named.
+    asm!("tilezero tmm0", options(nostack, nomem));
+    if rows2 {
+        asm!("tilezero tmm1", options(nostack, nomem));
     }
-    asm!(
-        "tilestored [{o} + {s}*1], tmm0",
-        "tilestored [{o} + {s}*1 + 1024], tmm1",
-        "tilestored [{o} + {s}*1 + 2048], tmm2",
-        o = in(reg) sums.as_mut_ptr() as *mut u8,
-        s = in(reg) 64usize,
-        options(nostack),
-    );
+    if two {
+        asm!("tilezero tmm2", options(nostack, nomem));
+    }
+    if rows2 && two {
+        asm!("tilezero tmm3", options(nostack, nomem));
+    }
+    for kt in 0..act.k_tiles {
+        if prefetch {
+            a[0].prefetch(kt + PREFETCH_TILES);
+            a[1].prefetch(kt + PREFETCH_TILES);
+        }
+        let (p0, sa0) = a[0].tile(kt);
+        let (p1, sa1) = a[1].tile(kt);
+        let (x0, sx) = act.tile(b, kt);
+        let x1 = if two { act.tile(b + 1, kt).0 } else { x0 };
+        match (rows2, two) {
+            (true, true) => asm!(
+                "tileloadd tmm4, [{p0} + {sa0}*1]",
+                "tileloadd tmm5, [{p1} + {sa1}*1]",
+                "tileloadd tmm6, [{x0} + {sx}*1]",
+                "tileloadd tmm7, [{x1} + {sx}*1]",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm5, tmm6",
+                "tdpbf16ps tmm2, tmm4, tmm7",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                p0 = in(reg) p0, sa0 = in(reg) sa0, p1 = in(reg) p1, sa1 = in(reg) sa1,
+                x0 = in(reg) x0, x1 = in(reg) x1, sx = in(reg) sx,
+                options(nostack, readonly),
+            ),
+            (true, false) => asm!(
+                "tileloadd tmm4, [{p0} + {sa0}*1]",
+                "tileloadd tmm5, [{p1} + {sa1}*1]",
+                "tileloadd tmm6, [{x0} + {sx}*1]",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm5, tmm6",
+                p0 = in(reg) p0, sa0 = in(reg) sa0, p1 = in(reg) p1, sa1 = in(reg) sa1,
+                x0 = in(reg) x0, sx = in(reg) sx,
+                options(nostack, readonly),
+            ),
+            (false, true) => asm!(
+                "tileloadd tmm4, [{p0} + {sa0}*1]",
+                "tileloadd tmm6, [{x0} + {sx}*1]",
+                "tileloadd tmm7, [{x1} + {sx}*1]",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm2, tmm4, tmm7",
+                p0 = in(reg) p0, sa0 = in(reg) sa0,
+                x0 = in(reg) x0, x1 = in(reg) x1, sx = in(reg) sx,
+                options(nostack, readonly),
+            ),
+            (false, false) => asm!(
+                "tileloadd tmm4, [{p0} + {sa0}*1]",
+                "tileloadd tmm6, [{x0} + {sx}*1]",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                p0 = in(reg) p0, sa0 = in(reg) sa0,
+                x0 = in(reg) x0, sx = in(reg) sx,
+                options(nostack, readonly),
+            ),
+        }
+    }
+    let [o0, o1, o2, o3] = [0, 1, 2, 3].map(|i| sums[i].0.as_mut_ptr() as *mut u8);
+    asm!("tilestored [{o} + {s}*1], tmm0", o = in(reg) o0, s = in(reg) 64usize, options(nostack));
+    if rows2 {
+        asm!("tilestored [{o} + {s}*1], tmm1", o = in(reg) o1, s = in(reg) 64usize, options(nostack));
+    }
+    if two {
+        asm!("tilestored [{o} + {s}*1], tmm2", o = in(reg) o2, s = in(reg) 64usize, options(nostack));
+    }
+    if rows2 && two {
+        asm!("tilestored [{o} + {s}*1], tmm3", o = in(reg) o3, s = in(reg) 64usize, options(nostack));
+    }
 }
 
 #[cfg(test)]

@@ -610,37 +610,46 @@ impl Linear {
         }
     }
 
-    /// [`Linear::matmul`] on AMX tiles: the activations laid out once, blocks of 32 rows on the
-    /// kernels' threads.
+    /// [`Linear::matmul`] on AMX tiles: the activations laid out once, tasks of 32 rows x a
+    /// range of token blocks (all of them unless that leaves threads idle) on the kernels'
+    /// threads, each writing its outputs in place.
     fn matmul_amx(&self, w: &[u16], xs: &[f32], n_tokens: usize, ys: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         {
-            let n = self.in_dim;
+            let (n, out_dim) = (self.in_dim, self.out_dim);
             let act = crate::amx::AmxAct::new(xs, n_tokens, n);
-            let per_task = 2 * crate::amx::ROWS * n_tokens;
-            let task = |(b, out): (usize, &mut [f32])| {
-                let r0 = b * 2 * crate::amx::ROWS;
-                // SAFETY: `amx_bf16` saw `amx::enabled()`.
-                unsafe { amx_rows(w, n, r0..r0 + out.len() / n_tokens, &act, out) }
-            };
-            let serial = self.out_dim * n * n_tokens < PARALLEL_MIN_WORK || crate::threads() == 1;
-            let mut by_row = if n_tokens == 1 {
-                Vec::new()
-            } else {
-                vec![0f32; ys.len()]
-            };
-            let out: &mut [f32] = if n_tokens == 1 { ys } else { &mut by_row };
-            if serial {
-                out.chunks_mut(per_task).enumerate().for_each(task);
-            } else {
-                out.par_chunks_mut(per_task).enumerate().for_each(task);
+            let serial = out_dim * n * n_tokens < PARALLEL_MIN_WORK || crate::threads() == 1;
+            let threads = if serial { 1 } else { crate::threads() };
+            let rows_per_task = 2 * crate::amx::ROWS;
+            let row_tasks = out_dim.div_ceil(rows_per_task);
+            let blocks = act.blocks();
+            // Token blocks go in pairs (one pass of the tiles); fewer pairs per task until every
+            // thread has two tasks.
+            let pairs = blocks.div_ceil(2);
+            let mut per = pairs;
+            while per > 1 && row_tasks * pairs.div_ceil(per) < 2 * threads {
+                per = per.div_ceil(2);
             }
-            if n_tokens > 1 {
-                for (r, row_out) in by_row.chunks_exact(n_tokens).enumerate() {
-                    for (t, v) in row_out.iter().enumerate() {
-                        ys[t * self.out_dim + r] = *v;
-                    }
+            let (per_task, col_tasks) = (2 * per, pairs.div_ceil(per));
+            let ys_at = OutPtr(ys.as_mut_ptr());
+            let task = |i: usize| {
+                let (r0, c) = ((i % row_tasks) * rows_per_task, i / row_tasks);
+                let rows = (out_dim - r0).min(rows_per_task);
+                let bs = c * per_task..((c + 1) * per_task).min(blocks);
+                // SAFETY: `amx_bf16` saw `amx::enabled()`. t < n_tokens and r0 + r < out_dim index
+                // inside `ys` (T x out_dim, checked by `matmul`); tasks own disjoint (row, token)
+                // blocks, so no two write one element, and `ys` outlives the tasks.
+                unsafe {
+                    crate::amx::rows(w, n, r0, rows, &act, bs, |r, t, v| {
+                        *ys_at.get().add(t * out_dim + r0 + r) = v
+                    })
                 }
+            };
+            let tasks = row_tasks * col_tasks;
+            if serial {
+                (0..tasks).for_each(task);
+            } else {
+                (0..tasks).into_par_iter().for_each(task);
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -800,9 +809,15 @@ unsafe fn amx_rows(
 ) {
     let t = act.tokens;
     assert_eq!(out.len(), rows.len() * t);
-    crate::amx::rows(w, in_dim, rows.start, rows.len(), act, |r, j, v| {
-        out[r * t + j] = v
-    })
+    crate::amx::rows(
+        w,
+        in_dim,
+        rows.start,
+        rows.len(),
+        act,
+        0..act.blocks(),
+        |r, j, v| out[r * t + j] = v,
+    )
 }
 
 #[cfg(test)]
