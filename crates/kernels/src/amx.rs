@@ -106,7 +106,7 @@ impl AmxAct {
         let k_tiles = in_dim.div_ceil(K_TILE);
         let cols = tokens.clamp(1, TOKENS);
         let tile = ROWS * 2 * PARTS * cols;
-        let mut data = vec![0u16; tokens.div_ceil(cols) * k_tiles * tile];
+        let mut data = crate::take_zeroed_u16(tokens.div_ceil(cols) * k_tiles * tile);
         let fill = |i: usize, chunk: &mut [u16]| {
             for (g, t) in chunk.chunks_exact_mut(tile).enumerate() {
                 let g = i * TILES_PER_TASK + g;
@@ -149,6 +149,12 @@ impl AmxAct {
         let tile = ROWS * 2 * PARTS * self.cols;
         let p = self.data[(b * self.k_tiles + kt) * tile..].as_ptr() as *const u8;
         (p, 4 * PARTS * self.cols)
+    }
+}
+
+impl Drop for AmxAct {
+    fn drop(&mut self) {
+        crate::give_back_u16(std::mem::take(&mut self.data));
     }
 }
 

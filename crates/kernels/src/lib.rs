@@ -82,6 +82,47 @@ pub fn physical_cores() -> Option<usize> {
     (!cores.is_empty()).then_some(cores.len())
 }
 
+thread_local! {
+    static SPARE_F32: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+    static SPARE_U16: std::cell::Cell<Vec<u16>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Above this a thread's spare buffer is let go when given back (a long prompt's chunk).
+const KEEP_SPARE_MAX: usize = 64 << 20;
+
+/// `len` zeros in this thread's spare buffer (kept from the last [`give_back_f32`]): a fresh
+/// buffer of a product's size would fault in page by page, and with many threads faulting at
+/// once they wait on each other in the kernel. A call nested inside another (a kernel thread
+/// running another task meanwhile) gets a fresh one.
+pub(crate) fn take_zeroed_f32(len: usize) -> Vec<f32> {
+    let mut v = SPARE_F32.take();
+    v.clear();
+    v.resize(len, 0.0);
+    v
+}
+
+/// Keeps `v` as this thread's spare for the next [`take_zeroed_f32`] (unless it is large).
+pub(crate) fn give_back_f32(v: Vec<f32>) {
+    if v.capacity() * 4 <= KEEP_SPARE_MAX {
+        SPARE_F32.set(v);
+    }
+}
+
+/// [`take_zeroed_f32`] for 16-bit values.
+pub(crate) fn take_zeroed_u16(len: usize) -> Vec<u16> {
+    let mut v = SPARE_U16.take();
+    v.clear();
+    v.resize(len, 0);
+    v
+}
+
+/// [`give_back_f32`] for 16-bit values.
+pub(crate) fn give_back_u16(v: Vec<u16>) {
+    if v.capacity() * 2 <= KEEP_SPARE_MAX {
+        SPARE_U16.set(v);
+    }
+}
+
 /// `f(i, chunk i)` for the `len`-wide chunks of `out`, on the kernels' threads (models own no
 /// threads: work whose parts are independent, such as attention heads, is split here). Each
 /// chunk's result is whatever `f` computes for it alone, so the split never changes a value.

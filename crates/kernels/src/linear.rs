@@ -576,7 +576,7 @@ impl Linear {
             let rows = rb * tile.rows..((rb + 1) * tile.rows).min(out_dim);
             let toks = tb * tile.tokens..((tb + 1) * tile.tokens).min(n_tokens);
             let m = toks.len();
-            let mut local = vec![0f32; rows.len() * m]; // (rows, m)
+            let mut local = crate::take_zeroed_f32(rows.len() * m); // (rows, m)
             self.rows_dot_prepared_tokens(
                 rows.clone(),
                 &xs[toks.start * n..toks.end * n],
@@ -591,6 +591,7 @@ impl Linear {
                     unsafe { *ys_at.get().add(t * out_dim + rows.start + i) = *v };
                 }
             }
+            crate::give_back_f32(local);
         };
         let tasks = row_blocks * n_tokens.div_ceil(tile.tokens);
         if serial {
