@@ -90,37 +90,41 @@ thread_local! {
 /// Above this a thread's spare buffer is let go when given back (a long prompt's chunk).
 const KEEP_SPARE_MAX: usize = 64 << 20;
 
-/// `len` zeros in this thread's spare buffer (kept from the last [`give_back_f32`]): a fresh
-/// buffer of a product's size would fault in page by page, and with many threads faulting at
-/// once they wait on each other in the kernel. A call nested inside another (a kernel thread
-/// running another task meanwhile) gets a fresh one.
+/// `len` zeros in this thread's spare buffer `key` (kept from the last give-back): a fresh buffer
+/// of a product's size would fault in page by page, and with many threads faulting at once they
+/// wait on each other in the kernel. A call nested inside another (a kernel thread running
+/// another task meanwhile) gets a fresh one.
+fn take_zeroed<T: Copy + Default>(
+    key: &'static std::thread::LocalKey<std::cell::Cell<Vec<T>>>,
+    len: usize,
+) -> Vec<T> {
+    let mut v = key.take();
+    v.clear();
+    v.resize(len, T::default());
+    v
+}
+
+/// Keeps `v` as this thread's spare `key` for the next take (unless it is large).
+fn give_back<T>(key: &'static std::thread::LocalKey<std::cell::Cell<Vec<T>>>, v: Vec<T>) {
+    if v.capacity() * std::mem::size_of::<T>() <= KEEP_SPARE_MAX {
+        key.set(v);
+    }
+}
+
 pub(crate) fn take_zeroed_f32(len: usize) -> Vec<f32> {
-    let mut v = SPARE_F32.take();
-    v.clear();
-    v.resize(len, 0.0);
-    v
+    take_zeroed(&SPARE_F32, len)
 }
 
-/// Keeps `v` as this thread's spare for the next [`take_zeroed_f32`] (unless it is large).
 pub(crate) fn give_back_f32(v: Vec<f32>) {
-    if v.capacity() * 4 <= KEEP_SPARE_MAX {
-        SPARE_F32.set(v);
-    }
+    give_back(&SPARE_F32, v)
 }
 
-/// [`take_zeroed_f32`] for 16-bit values.
 pub(crate) fn take_zeroed_u16(len: usize) -> Vec<u16> {
-    let mut v = SPARE_U16.take();
-    v.clear();
-    v.resize(len, 0);
-    v
+    take_zeroed(&SPARE_U16, len)
 }
 
-/// [`give_back_f32`] for 16-bit values.
 pub(crate) fn give_back_u16(v: Vec<u16>) {
-    if v.capacity() * 2 <= KEEP_SPARE_MAX {
-        SPARE_U16.set(v);
-    }
+    give_back(&SPARE_U16, v)
 }
 
 /// `f(i, chunk i)` for the `len`-wide chunks of `out`, on the kernels' threads (models own no

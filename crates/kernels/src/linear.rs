@@ -611,8 +611,8 @@ impl Linear {
         }
     }
 
-    /// [`Linear::matmul`] on AMX tiles: the activations laid out once, tasks of 32 rows x a
-    /// range of token blocks (all of them unless that leaves threads idle) on the kernels'
+    /// [`Linear::matmul`] on AMX tiles: the activations laid out once, tasks of 32 (or 16) rows x
+    /// a range of token blocks (all of them unless that leaves threads idle) on the kernels'
     /// threads, each writing its outputs in place.
     fn matmul_amx(&self, w: &[u16], xs: &[f32], n_tokens: usize, ys: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
@@ -621,7 +621,13 @@ impl Linear {
             let act = crate::amx::AmxAct::new(xs, n_tokens, n);
             let serial = out_dim * n * n_tokens < PARALLEL_MIN_WORK || crate::threads() == 1;
             let threads = if serial { 1 } else { crate::threads() };
-            let rows_per_task = 2 * crate::amx::ROWS;
+            // Passes of 32 rows, or of 16 where 32 would leave fewer than four tasks per thread
+            // (a small matrix's lone token).
+            let rows_per_task = if out_dim.div_ceil(2 * crate::amx::ROWS) >= 4 * threads {
+                2 * crate::amx::ROWS
+            } else {
+                crate::amx::ROWS
+            };
             let row_tasks = out_dim.div_ceil(rows_per_task);
             let blocks = act.blocks();
             // Token blocks go in pairs (one pass of the tiles); fewer pairs per task until every
