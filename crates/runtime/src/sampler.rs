@@ -104,12 +104,15 @@ impl Sampler {
         // Candidates in id order; only as many as the filters need are ever put in order
         // (highest logit first, ties: lower id first): a vocabulary of 150k sorted at every
         // token cost more than the model's last layers.
-        let mut cand: Vec<(u32, f32)> = logits
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| l.is_finite())
-            .map(|(i, &l)| (i as u32, l / p.temperature))
-            .collect();
+        // Sized once: grown by doubling it would pass through a fresh mapping per size.
+        let mut cand: Vec<(u32, f32)> = Vec::with_capacity(logits.len());
+        cand.extend(
+            logits
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| l.is_finite())
+                .map(|(i, &l)| (i as u32, l / p.temperature)),
+        );
         if cand.is_empty() {
             return argmax(&logits);
         }
