@@ -111,3 +111,39 @@ unsafe impl GlobalAlloc for Allocator {
         p
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Through the process's allocator (this test binary's too): large blocks aligned to 2 MiB,
+    /// zeroed, contents kept across reallocs that cross the threshold both ways.
+    #[test]
+    fn large_blocks_are_aligned_zeroed_and_keep_their_contents() {
+        let big = vec![0u8; HUGE + 12345];
+        if cfg!(target_os = "linux") {
+            assert!((big.as_ptr() as usize).is_multiple_of(HUGE));
+        }
+        assert!(big.iter().all(|&b| b == 0));
+        // Grows from the system's heap into a mapping, then further, then back below.
+        let mut v: Vec<u32> = (0..1000).collect();
+        for n in [HUGE / 4 + 7, 3 * HUGE, 100] {
+            v.resize(n, 0);
+            v.shrink_to_fit();
+            assert_eq!(v.len(), n);
+            for (i, x) in v.iter().take(1000.min(n)).enumerate() {
+                assert_eq!(*x, i as u32, "at {i} after resizing to {n}");
+            }
+            assert!(v[1000.min(n)..].iter().all(|&x| x == 0));
+        }
+        // An alignment above HUGE is the system's.
+        let layout = Layout::from_size_align(HUGE, 2 * HUGE).unwrap();
+        assert!(!mapped(layout));
+        // SAFETY: a valid non-zero layout, freed with the same layout.
+        unsafe {
+            let p = Allocator.alloc(layout);
+            assert!(!p.is_null() && (p as usize).is_multiple_of(2 * HUGE));
+            Allocator.dealloc(p, layout);
+        }
+    }
+}

@@ -1,7 +1,6 @@
-//! BF16 products on Intel AMX tiles (`tdpbf16ps`), for every BF16 product of a process, when
-//! asked for (`STRATA_AMX=1`) and the CPU and Linux allow it. Off by default: measured on the H200
-//! machine's Xeon (AMX BF16/INT8) whole 512-token prompts run 1.2-1.5x faster than on the AVX-512
-//! kernels, but one-token products (decode) reach less of the memory's rate on some shapes
+//! BF16 products on Intel AMX tiles (`tdpbf16ps`), for every BF16 product of a process, where
+//! the CPU and Linux allow it (`STRATA_AMX=0` turns it off). Measured on the H200 machine's Xeon
+//! (AMX BF16/INT8): whole 512-token prompts 1.3-1.4x the AVX-512 kernels, decode as fast
 //! (docs/PERFORMANCE.md).
 //!
 //! A tile product multiplies BF16 by BF16 into f32 sums, but activations are f32: each is split
@@ -35,13 +34,13 @@ pub const TOKENS: usize = 5;
 /// Columns per token.
 const PARTS: usize = 3;
 
-/// Whether BF16 products run on AMX: `STRATA_AMX=1` asks for it, the kernels in use are
+/// Whether BF16 products run on AMX: `STRATA_AMX=0` does not ask for it, the kernels in use are
 /// AVX-512 (see [`crate::isa`]), the CPU has AMX-TILE and AMX-BF16, and Linux granted the
 /// process the tile data state.
 pub fn enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| {
-        let asked = std::env::var("STRATA_AMX").is_ok_and(|v| v == "1");
+        let asked = std::env::var("STRATA_AMX").map_or(true, |v| v != "0");
         asked && crate::isa::isa() == crate::isa::Isa::Avx512 && cpu_has_amx_bf16() && request_tile_state()
     })
 }
@@ -110,7 +109,7 @@ impl AmxAct {
         let fill = |i: usize, chunk: &mut [u16]| {
             for (g, t) in chunk.chunks_exact_mut(tile).enumerate() {
                 let g = i * TILES_PER_TASK + g;
-                fill_tile(xs, tokens, in_dim, cols, g / k_tiles, g % k_tiles, t);
+                fill_tile_fast(xs, tokens, in_dim, cols, g / k_tiles, g % k_tiles, t);
             }
         };
         if tokens * in_dim < 1 << 14 {
@@ -155,6 +154,67 @@ impl AmxAct {
 impl Drop for AmxAct {
     fn drop(&mut self) {
         crate::give_back_u16(std::mem::take(&mut self.data));
+    }
+}
+
+/// Tile `kt` of column block `b` (zeroed before): whole tiles 16 inputs at a time with AVX-512
+/// where the CPU has it (always, where AMX is in use), the same bits as [`fill_tile`].
+fn fill_tile_fast(xs: &[f32], tokens: usize, in_dim: usize, cols: usize, b: usize, kt: usize, t: &mut [u16]) {
+    if (kt + 1) * K_TILE <= in_dim && crate::isa::isa() == crate::isa::Isa::Avx512 {
+        // SAFETY: the kernels in use are AVX-512 only where the CPU has AVX-512 F.
+        return unsafe { fill_tile_avx512(xs, tokens, in_dim, cols, b, kt, t) };
+    }
+    fill_tile(xs, tokens, in_dim, cols, b, kt, t)
+}
+
+/// [`fill_tile`] for a whole tile (32 inputs): each part of 16 inputs at once (the same
+/// truncations and subtractions as [`split3`], so the same bits), as 8 pairs of BF16, then
+/// placed into the tile's rows.
+///
+/// # Safety
+/// The CPU must have AVX-512 F.
+#[target_feature(enable = "avx512f")]
+unsafe fn fill_tile_avx512(
+    xs: &[f32],
+    tokens: usize,
+    in_dim: usize,
+    cols: usize,
+    b: usize,
+    kt: usize,
+    t: &mut [u16],
+) {
+    use std::arch::x86_64::*;
+    let k0 = kt * K_TILE;
+    assert!(k0 + K_TILE <= in_dim);
+    let row_len = 2 * PARTS * cols;
+    let top = _mm512_set1_epi32(0xffff_0000u32 as i32);
+    let half = |v: __m512| -> [u16; 16] {
+        let mut out = [0u16; 16];
+        let bits = _mm512_srli_epi32::<16>(_mm512_castps_si512(v));
+        _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, _mm512_cvtepi32_epi16(bits));
+        out
+    };
+    for j in 0..(tokens - b * cols).min(cols) {
+        let x = &xs[(b * cols + j) * in_dim + k0..][..K_TILE];
+        for c in 0..K_TILE / 16 {
+            let v = _mm512_loadu_ps(x[16 * c..].as_ptr());
+            let hi = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), top));
+            let r1 = _mm512_sub_ps(v, hi);
+            let mid = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(r1), top));
+            let lo = _mm512_sub_ps(r1, mid);
+            let (h, m, l) = (half(hi), half(mid), half(lo));
+            for i in 0..8 {
+                let at = (8 * c + i) * row_len + 2 * PARTS * j;
+                t[at..at + 6].copy_from_slice(&[
+                    h[2 * i],
+                    h[2 * i + 1],
+                    m[2 * i],
+                    m[2 * i + 1],
+                    l[2 * i],
+                    l[2 * i + 1],
+                ]);
+            }
+        }
     }
 }
 
@@ -269,10 +329,11 @@ impl<'a> WeightTiles<'a> {
     }
 }
 
-/// How many input tiles ahead a block's weight rows are prefetched (1 KiB of each row: the
+/// How many input tiles ahead a block's weight rows are prefetched (512 bytes of each row: the
 /// tile loads of a block touch 16 rows 64 bytes at a time, which the hardware prefetchers do
-/// not follow as far as a sequential read).
-const PREFETCH_TILES: usize = 16;
+/// not follow as far as a sequential read; 8 measured better than 16, 32 and 64 for one token
+/// on the H200 machine's Xeon).
+const PREFETCH_TILES: usize = 8;
 
 /// One tile of sums as stored (16 rows of 16 f32).
 #[repr(C, align(64))]
@@ -433,6 +494,40 @@ unsafe fn pass(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn whole_tiles_laid_out_with_avx512_equal_the_scalar_layout() {
+        if !std::arch::is_x86_feature_detected!("avx512f") {
+            eprintln!("no AVX-512 F on this CPU: the AVX-512 layout is not tested here");
+            return;
+        }
+        let mut s = 0x2545_F491_4F6C_DD1Du64;
+        for (tokens, in_dim) in [(1, 64), (3, 96), (5, 32), (7, 160), (12, 64)] {
+            let xs: Vec<f32> = (0..tokens * in_dim)
+                .map(|i| {
+                    s ^= s << 13;
+                    s ^= s >> 7;
+                    s ^= s << 17;
+                    match i % 7 {
+                        0 => 0.0,
+                        1 => f32::from_bits(s as u32 & 0x807f_ffff), // subnormal or zero
+                        _ => f32::from_bits((s as u32 & 0x8fff_ffff) | 0x3000_0000),
+                    }
+                })
+                .collect();
+            let cols = tokens.clamp(1, TOKENS);
+            let tile = ROWS * 2 * PARTS * cols;
+            for b in 0..tokens.div_ceil(cols) {
+                for kt in 0..in_dim / K_TILE {
+                    let (mut want, mut got) = (vec![0u16; tile], vec![0u16; tile]);
+                    fill_tile(&xs, tokens, in_dim, cols, b, kt, &mut want);
+                    // SAFETY: checked above that the CPU has AVX-512 F.
+                    unsafe { fill_tile_avx512(&xs, tokens, in_dim, cols, b, kt, &mut got) };
+                    assert_eq!(got, want, "{tokens} tokens x {in_dim}: block {b}, tile {kt}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn three_bf16_parts_add_up_to_the_f32_exactly() {
