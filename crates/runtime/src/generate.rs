@@ -89,6 +89,8 @@ pub struct Batch<'e> {
     seqs: Vec<SeqState>,
     /// Each stepping sequence's recurrent state as the step began (several sequences only).
     saved: Vec<Vec<f32>>,
+    /// Sequences that sit out the coming steps (their consumer has not taken what they made).
+    held: Vec<u64>,
 }
 
 /// What one sequence feeds in a step.
@@ -112,6 +114,7 @@ impl<'e> Batch<'e> {
             engine,
             seqs: Vec::new(),
             saved: Vec::new(),
+            held: Vec::new(),
         }
     }
 
@@ -134,6 +137,25 @@ impl<'e> Batch<'e> {
     /// Drops a sequence (its consumer went away).
     pub fn cancel(&mut self, id: u64) {
         self.seqs.retain(|s| s.id != id);
+        self.held.retain(|&h| h != id);
+    }
+
+    /// Whether sequence `id` sits out the coming steps (its state kept as it is) until told
+    /// otherwise: a consumer that does not keep up holds its sequences back.
+    pub fn hold(&mut self, id: u64, held: bool) {
+        let at = self.held.iter().position(|&h| h == id);
+        match (held, at) {
+            (true, None) => self.held.push(id),
+            (false, Some(i)) => {
+                self.held.swap_remove(i);
+            }
+            _ => {}
+        }
+    }
+
+    /// Whether every sequence of the batch is held (a step would do nothing).
+    pub fn all_held(&self) -> bool {
+        self.seqs.iter().all(|s| self.held.contains(&s.id))
     }
 
     /// One forward pass over the sequences this step feeds, then one token for each whose
@@ -159,6 +181,9 @@ impl<'e> Batch<'e> {
             return Ok(());
         }
         let feeds = self.feeds();
+        if feeds.is_empty() {
+            return Ok(()); // every sequence held
+        }
         let results = match self.forward_isolated(&feeds) {
             Ok(r) => r,
             Err(e) => {
@@ -175,6 +200,8 @@ impl<'e> Batch<'e> {
             i += 1;
             !leaves[i - 1]
         });
+        let seqs = &self.seqs;
+        self.held.retain(|&h| seqs.iter().any(|s| s.id == h));
         Ok(())
     }
 
@@ -226,6 +253,9 @@ impl<'e> Batch<'e> {
         let mut prompt_tokens = 0;
         let mut feeds = Vec::with_capacity(self.seqs.len());
         for (i, s) in self.seqs.iter().enumerate() {
+            if self.held.contains(&s.id) {
+                continue;
+            }
             if !s.prefilling() {
                 feeds.push(Feed { seq: i, tokens: 1 });
                 continue;

@@ -222,11 +222,7 @@ async fn chat(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> ApiR
     .into_response())
 }
 
-fn stream_chat(
-    state: Arc<AppState>,
-    plan: Plan,
-    mut rx: tokio::sync::mpsc::UnboundedReceiver<(usize, Event)>,
-) -> Response {
+fn stream_chat(state: Arc<AppState>, plan: Plan, mut rx: crate::scheduler::EventRx) -> Response {
     stream::sse(move |sink| async move {
         let id = stream::request_id("chatcmpl");
         let created = crate::now();

@@ -32,12 +32,71 @@ pub enum Event {
     Error(String),
 }
 
+/// The engine's end of a request's events. Events sent and not yet taken are the request's
+/// backlog: past [`MAX_UNREAD`] its sequences sit out the steps (so a client that stops reading
+/// stops its sequences, which its stalled connection then cancels, instead of letting them run
+/// to the end into memory).
+#[derive(Clone)]
+pub struct EventTx {
+    tx: mpsc::UnboundedSender<(usize, Event)>,
+    unread: Arc<AtomicUsize>,
+}
+
+/// The server's end of a request's events.
+pub struct EventRx {
+    rx: mpsc::UnboundedReceiver<(usize, Event)>,
+    unread: Arc<AtomicUsize>,
+}
+
+/// Events a request's consumer may leave untaken before its sequences are held back.
+pub const MAX_UNREAD: usize = 512;
+
+/// A request's event channel.
+pub fn events() -> (EventTx, EventRx) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let unread = Arc::new(AtomicUsize::new(0));
+    (
+        EventTx {
+            tx,
+            unread: unread.clone(),
+        },
+        EventRx { rx, unread },
+    )
+}
+
+impl EventTx {
+    /// Err when the consumer has gone.
+    pub fn send(&self, event: (usize, Event)) -> Result<(), ()> {
+        self.unread.fetch_add(1, Ordering::Relaxed);
+        self.tx.send(event).map_err(|_| ())
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+
+    /// Whether the consumer is behind by more than [`MAX_UNREAD`] events.
+    fn behind(&self) -> bool {
+        self.unread.load(Ordering::Relaxed) > MAX_UNREAD
+    }
+}
+
+impl EventRx {
+    pub async fn recv(&mut self) -> Option<(usize, Event)> {
+        let event = self.rx.recv().await;
+        if event.is_some() {
+            self.unread.fetch_sub(1, Ordering::Relaxed);
+        }
+        event
+    }
+}
+
 /// One sequence: choice `index` of a request whose choices share one event channel.
 pub struct Job {
     pub request: Request,
     pub extras: RequestExtras,
     pub index: usize,
-    pub events: mpsc::UnboundedSender<(usize, Event)>,
+    pub events: EventTx,
 }
 
 /// Whether the engine thread still runs; once it stops, why.
@@ -156,7 +215,7 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 struct Running {
     id: u64,
     index: usize,
-    events: mpsc::UnboundedSender<(usize, Event)>,
+    events: EventTx,
     started: Instant,
     first_token: bool,
     /// Positions reserved for it in the pool.
@@ -201,6 +260,16 @@ impl EngineThread<'_> {
                 .reserved_positions
                 .store(self.reserved as u64, Ordering::Relaxed);
             if self.batch.is_empty() {
+                continue;
+            }
+            for r in &self.running {
+                self.batch.hold(r.id, r.events.behind());
+            }
+            if self.batch.all_held() {
+                // Every consumer is behind: wait for them (or for new work) without spinning.
+                if let Ok(job) = jobs.recv_timeout(std::time::Duration::from_millis(5)) {
+                    self.queue.push_back((job, Instant::now()));
+                }
                 continue;
             }
             if let Err(fatal) = self.step() {

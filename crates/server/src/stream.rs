@@ -69,7 +69,7 @@ pub fn submit(
     state: &AppState,
     requests: Vec<Request>,
     extras: RequestExtras,
-) -> ApiResult<mpsc::UnboundedReceiver<(usize, Event)>> {
+) -> ApiResult<crate::scheduler::EventRx> {
     let engine = &state.engine;
     let needed: usize = requests.iter().map(|r| engine.positions(r)).sum();
     let pool = engine.memory.state_tokens;
@@ -98,7 +98,7 @@ pub fn submit(
             )
         });
     }
-    let (tx, rx) = mpsc::unbounded_channel();
+    let (tx, rx) = crate::scheduler::events();
     for (index, request) in requests.into_iter().enumerate() {
         state.scheduler.submit(Job {
             request,
@@ -128,7 +128,7 @@ pub fn engine_error(message: String) -> ApiError {
 }
 
 /// Waits for every choice to finish.
-pub async fn collect(mut rx: mpsc::UnboundedReceiver<(usize, Event)>, n: usize) -> ApiResult<Vec<Choice>> {
+pub async fn collect(mut rx: crate::scheduler::EventRx, n: usize) -> ApiResult<Vec<Choice>> {
     let mut choices: Vec<Choice> = (0..n).map(|_| Choice::default()).collect();
     let mut done = 0;
     while done < n {
@@ -193,10 +193,7 @@ where
 }
 
 /// The next engine event, or None when the client went away first.
-pub async fn next_event(
-    sink: &SseSink,
-    rx: &mut mpsc::UnboundedReceiver<(usize, Event)>,
-) -> Option<(usize, Event)> {
+pub async fn next_event(sink: &SseSink, rx: &mut crate::scheduler::EventRx) -> Option<(usize, Event)> {
     tokio::select! {
         e = rx.recv() => e,
         _ = sink.closed() => None,
