@@ -401,6 +401,27 @@ pub unsafe fn rows(
     asm!("tilerelease", options(nostack, nomem));
 }
 
+/// `out[(r - rows.start) * T + t] = row r . xs[t]` for the T tokens of `xs` (T x in_dim), the
+/// activations laid out for this call.
+///
+/// # Safety
+/// [`enabled`] must be true.
+pub unsafe fn product(
+    w: &[u16],
+    in_dim: usize,
+    rows: std::ops::Range<usize>,
+    xs: &[f32],
+    tokens: usize,
+    out: &mut [f32],
+) {
+    assert_eq!(out.len(), rows.len() * tokens);
+    let act = AmxAct::new(xs, tokens, in_dim);
+    let blocks = 0..act.blocks();
+    self::rows(w, in_dim, rows.start, rows.len(), &act, blocks, |r, j, v| {
+        out[r * tokens + j] = v
+    })
+}
+
 /// One pass over every input tile: the sums of up to 2 row blocks x 2 column blocks (`two`: a
 /// second column block), stored into `sums` (tile order as in [`TileConfig`]); `prefetch` on
 /// the first pass over these rows.
