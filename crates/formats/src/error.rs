@@ -12,6 +12,8 @@ pub enum FormatError {
     },
     #[error("{path}: not a valid safetensors file: {reason}")]
     BadSafetensors { path: PathBuf, reason: String },
+    #[error("{path}: not a valid GGUF file: {reason}")]
+    BadGguf { path: PathBuf, reason: String },
     #[error("{path}: tensor `{tensor}`: {reason}")]
     BadTensor {
         path: PathBuf,

@@ -8,6 +8,8 @@ mod config;
 mod dry;
 mod dtype;
 mod error;
+pub mod gguf;
+pub mod gguf_write;
 mod quant;
 mod safetensors;
 
