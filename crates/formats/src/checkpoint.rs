@@ -69,6 +69,9 @@ pub struct Checkpoint {
     source: Option<Arc<dyn RangeSource>>,
     preloaded: Option<(Arc<dyn Preloaded>, BytesOwner)>,
     int8: Option<Arc<dyn Int8Spine>>,
+    /// The name a tensor has in the files, when it is not the name the families ask for (a
+    /// GGUF model's), for errors.
+    file_name: Option<fn(&str) -> Option<String>>,
 }
 
 impl std::fmt::Debug for Checkpoint {
@@ -146,7 +149,16 @@ impl Checkpoint {
                 });
             }
         }
-        Ok(Checkpoint {
+        Ok(Checkpoint::new(dir, shards, tensors, None))
+    }
+
+    fn new(
+        dir: &Path,
+        shards: Vec<Shard>,
+        tensors: HashMap<String, TensorEntry>,
+        file_name: Option<fn(&str) -> Option<String>>,
+    ) -> Checkpoint {
+        Checkpoint {
             dir: dir.to_path_buf(),
             shards: Arc::new(shards),
             tensors: Arc::new(tensors),
@@ -154,7 +166,29 @@ impl Checkpoint {
             source: None,
             preloaded: None,
             int8: None,
-        })
+            file_name,
+        }
+    }
+
+    /// A checkpoint over files whose tensors another format has indexed (a GGUF model): `dir`
+    /// names it in errors, `paths` are its files and each entry's `shard` indexes them.
+    /// `file_name` gives a tensor's name in those files, for errors.
+    pub fn from_index(
+        dir: &Path,
+        paths: &[PathBuf],
+        tensors: HashMap<String, TensorEntry>,
+        file_name: fn(&str) -> Option<String>,
+    ) -> Result<Checkpoint> {
+        let mut shards = Vec::with_capacity(paths.len());
+        for path in paths {
+            let file = File::open(path).map_err(|e| FormatError::io(path, e))?;
+            shards.push(Shard {
+                path: path.clone(),
+                file,
+            });
+        }
+        assert!(tensors.values().all(|e| e.shard < shards.len()));
+        Ok(Checkpoint::new(dir, shards, tensors, Some(file_name)))
     }
 
     /// Reads go through `source` first (a remote model's local cache).
@@ -179,6 +213,7 @@ impl Checkpoint {
             preloaded: Some((bytes, owner)),
             // Streamed layers are built from the bytes read each time: they keep their format.
             int8: None,
+            file_name: self.file_name,
         }
     }
 
@@ -234,10 +269,19 @@ impl Checkpoint {
     }
 
     pub fn entry(&self, name: &str) -> Result<&TensorEntry> {
-        self.tensors.get(name).ok_or_else(|| FormatError::MissingTensor {
+        self.tensors.get(name).ok_or_else(|| self.missing(name))
+    }
+
+    /// The error for tensor `name` not being there (named as the files name it, too).
+    pub fn missing(&self, name: &str) -> FormatError {
+        FormatError::MissingTensor {
             dir: self.dir.clone(),
             tensor: name.to_string(),
-        })
+            note: match self.file_name.and_then(|f| f(name)) {
+                Some(file_name) => format!(" (in the file: {file_name})"),
+                None => String::new(),
+            },
+        }
     }
 
     pub fn n_shards(&self) -> usize {

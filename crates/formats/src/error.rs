@@ -28,8 +28,13 @@ pub enum FormatError {
         key: String,
         reason: String,
     },
-    #[error("{dir}: tensor `{tensor}` not found in the checkpoint")]
-    MissingTensor { dir: PathBuf, tensor: String },
+    /// `note`: how the files name it when that differs (a GGUF model's tensors), or empty.
+    #[error("{dir}: tensor `{tensor}`{note} not found in the checkpoint")]
+    MissingTensor {
+        dir: PathBuf,
+        tensor: String,
+        note: String,
+    },
     #[error("{dir}: {reason}")]
     BadCheckpoint { dir: PathBuf, reason: String },
 }

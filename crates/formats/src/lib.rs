@@ -9,6 +9,7 @@ mod dry;
 mod dtype;
 mod error;
 pub mod gguf;
+mod gguf_model;
 pub mod gguf_write;
 mod quant;
 mod safetensors;
@@ -23,5 +24,17 @@ pub use dtype::DType;
 pub use error::FormatError;
 pub use quant::QuantizationConfig;
 pub use safetensors::{parse_header, parse_header_bytes, ShardHeader, TensorInfo, MAX_HEADER_BYTES};
+
+pub use gguf_model::open_gguf;
+
+/// A model's config and tensors: a Hugging Face folder (`config.json` and safetensors) or a
+/// GGUF file (the first file of a split one).
+pub fn open_model(path: &std::path::Path) -> Result<(JsonConfig, Checkpoint)> {
+    if gguf::is_gguf(path) {
+        return open_gguf(path);
+    }
+    let cfg = JsonConfig::read(&path.join("config.json"))?;
+    Ok((cfg, Checkpoint::open(path)?))
+}
 
 pub type Result<T, E = FormatError> = std::result::Result<T, E>;

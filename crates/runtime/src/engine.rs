@@ -180,8 +180,8 @@ impl Engine {
         options: &LoadOptions,
         tokenizer: Option<Tokenizer>,
     ) -> Result<Engine, EngineError> {
-        let cfg = JsonConfig::read(&dir.join("config.json"))?;
-        let ckpt = Checkpoint::open(dir)?
+        let (cfg, ckpt) = strata_formats::open_model(dir)?;
+        let ckpt = ckpt
             .with_quantization(QuantizationConfig::from_config(&cfg.text_config()?)?)
             .with_source(source);
         let plan = ModelPlan::from_dir(dir)?;
@@ -272,7 +272,12 @@ impl Engine {
 
     /// The tokenizer of a model folder, if it has one.
     pub fn tokenizer_of(dir: &Path) -> Result<Option<Tokenizer>, EngineError> {
-        if dir.join("tokenizer.json").exists() || dir.join("tiktoken.model").exists() {
+        let gguf_vocab = || {
+            strata_formats::gguf::is_gguf(dir)
+                && strata_formats::gguf::Gguf::open(dir)
+                    .is_ok_and(|g| strata_tokenizer::gguf::has_tokenizer(&g))
+        };
+        if dir.join("tokenizer.json").exists() || dir.join("tiktoken.model").exists() || gguf_vocab() {
             Ok(Some(Tokenizer::from_dir(dir)?))
         } else {
             Ok(None)

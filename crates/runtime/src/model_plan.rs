@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::path::Path;
 
-use strata_formats::{Checkpoint, DType, JsonConfig};
+use strata_formats::{DType, JsonConfig};
 use strata_models::{family_for, layer_of, ExpertLayout};
 
 use crate::EngineError;
@@ -54,8 +54,7 @@ pub struct ModelPlan {
 
 impl ModelPlan {
     pub fn from_dir(dir: &Path) -> Result<ModelPlan, EngineError> {
-        let cfg = JsonConfig::read(&dir.join("config.json"))?;
-        let ckpt = Checkpoint::open(dir)?;
+        let (cfg, ckpt) = strata_formats::open_model(dir)?;
         let entries = ckpt.entries().map(|e| TensorSize {
             name: e.info.name.clone(),
             dtype: e.info.dtype,

@@ -6,6 +6,7 @@
 
 mod chat;
 mod error;
+pub mod gguf;
 mod pyjson;
 mod stream;
 mod tiktoken;

@@ -39,7 +39,12 @@ fn token_text(v: Option<&Value>) -> Option<String> {
 
 impl Tokenizer {
     /// Loads `tokenizer.json`, or `tiktoken.model` (Kimi layout), plus `tokenizer_config.json`.
+    /// A GGUF file (`dir` names the file) gives the tokenizer it carries.
     pub fn from_dir(dir: &Path) -> Result<Tokenizer> {
+        if strata_formats::gguf::is_gguf(dir) {
+            let g = strata_formats::gguf::Gguf::open(dir).map_err(|e| TokenizerError::file(dir, e))?;
+            return crate::gguf::from_gguf(&g);
+        }
         let config_path = dir.join("tokenizer_config.json");
         let config: Value = if config_path.exists() {
             let text =
@@ -67,6 +72,20 @@ impl Tokenizer {
             config,
             chat_template,
         })
+    }
+
+    /// A Hugging Face tokenizer built elsewhere (a GGUF file's vocabulary), with the
+    /// `tokenizer_config.json` keys and template that came with it.
+    pub fn from_parts(
+        tok: tokenizers::Tokenizer,
+        config: Value,
+        chat_template: Option<ChatTemplate>,
+    ) -> Tokenizer {
+        Tokenizer {
+            backend: Backend::Hf(Box::new(tok)),
+            config,
+            chat_template,
+        }
     }
 
     /// A tiktoken tokenizer from its parts (rank file, pattern, specials), with no config.

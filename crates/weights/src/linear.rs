@@ -125,10 +125,7 @@ pub fn resolve_linear(ckpt: &Checkpoint, base: &str, out_dim: usize, in_dim: usi
         };
     }
     if !ckpt.contains(&packed) {
-        return Err(FormatError::MissingTensor {
-            dir: ckpt.dir().to_path_buf(),
-            tensor: weight,
-        });
+        return Err(ckpt.missing(&weight));
     }
     let scale = format!("{base}.weight_scale");
     if !ckpt.contains(&scale) {

@@ -79,9 +79,11 @@ enum Command {
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArg {
     /// Model: a local folder (Hugging Face layout: config.json, *.safetensors, tokenizer files),
-    /// `hf://ORG/NAME[@REVISION]`, or an `http(s)://` folder URL. Remote models are read with
-    /// one Range request per missing run into a local cache. Default: the embedded demo model.
-    #[arg(long, short = 'm', value_name = "DIR|hf://ORG/NAME|URL")]
+    /// a local GGUF file (the first file of a split one; Qwen3-MoE with F32/F16/BF16 weights so
+    /// far), `hf://ORG/NAME[@REVISION]`, or an `http(s)://` folder URL. Remote models are read
+    /// with one Range request per missing run into a local cache. Default: the embedded demo
+    /// model.
+    #[arg(long, short = 'm', value_name = "DIR|FILE.gguf|hf://ORG/NAME|URL")]
     model: Option<String>,
     /// Cache for remote models. Default: $XDG_CACHE_HOME/strata or ~/.cache/strata.
     #[arg(long, value_name = "DIR", global = true)]
@@ -104,9 +106,9 @@ impl ModelArg {
                 let (dir, mirror) = strata_remote::open_location(spec, &self.remote_options())
                     .map_err(|e| anyhow::anyhow!("{e}"))
                     .with_context(|| format!("opening model {spec}"))?;
-                if mirror.is_none() && !dir.is_dir() {
+                if mirror.is_none() && !dir.is_dir() && !strata_formats::gguf::is_gguf(&dir) {
                     bail!(
-                        "model folder {} does not exist (or is not a folder)",
+                        "model {} is neither a model folder nor a GGUF file (or does not exist)",
                         dir.display()
                     );
                 }

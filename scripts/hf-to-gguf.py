@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""Write a Hugging Face model folder (safetensors) as one GGUF file with the `gguf` package,
+the way llama.cpp's converter lays one out: its tensor names (`gguf.get_tensor_name_map`), each
+layer's experts stacked into one `[n_expert, ...]` tensor per projection, norms and routers in
+F32, the other matrices in the type asked for (`--outtype`), the vocabulary (a byte-level BPE:
+tokens, token types, merges, pre-tokenizer name), special ids and chat template.
+
+The tests (`tests/gguf`) make their GGUF files from the fixtures with it; it is also how to make
+one of a model `strata synth` wrote, to run llama.cpp and strata side by side on the same weight
+bytes (BF16 stays BF16; a folder without `tokenizer.json` gets a placeholder vocabulary, one token
+per id, enough for `llama-bench`).
+
+Usage: python3 scripts/hf-to-gguf.py MODEL_DIR OUT.gguf [--outtype f32|f16|bf16]
+Needs `gguf` and `numpy` (tests/gguf/requirements.txt).
+"""
+
+import argparse
+import json
+import re
+import struct
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import gguf
+
+# Hugging Face `model_type` -> (GGUF architecture, llama.cpp's pre-tokenizer name).
+ARCHES = {
+    "qwen3_moe": (gguf.MODEL_ARCH.QWEN3MOE, "qwen2"),
+}
+
+OUTTYPES = {
+    "f32": gguf.GGMLQuantizationType.F32,
+    "f16": gguf.GGMLQuantizationType.F16,
+    "bf16": gguf.GGMLQuantizationType.BF16,
+}
+
+
+def read_tensors(folder):
+    """name -> (array, safetensors dtype): BF16 as its raw uint16 bits, memory-mapped (no copy
+    until a tensor is converted or stacked)."""
+    out = {}
+    index = Path(folder) / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted({Path(folder) / f for f in json.loads(index.read_text())["weight_map"].values()})
+    else:
+        shards = [Path(folder) / "model.safetensors"]
+    kinds = {"BF16": np.uint16, "F16": np.float16, "F32": np.float32}
+    for shard in shards:
+        with open(shard, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            header = json.loads(f.read(n))
+        header.pop("__metadata__", None)
+        data = np.memmap(shard, dtype=np.uint8, mode="r")
+        for name, info in header.items():
+            if info["dtype"] not in kinds:
+                sys.exit(f"{shard}: tensor {name}: dtype {info['dtype']} is not converted by this script")
+            lo, hi = info["data_offsets"]
+            raw = data[8 + n + lo : 8 + n + hi].view(kinds[info["dtype"]]).reshape(info["shape"])
+            out[name] = (raw, info["dtype"])
+    return out
+
+
+def as_f32(array, dtype):
+    if dtype == "BF16":
+        return (array.astype(np.uint32) << 16).view(np.float32)
+    return array.astype(np.float32)
+
+
+def stack_experts(tensors):
+    """`...mlp.experts.E.proj.weight` -> one `...mlp.experts.proj.weight` of [E, ...] per layer."""
+    pattern = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(\w+)\.weight$")
+    groups = {}
+    rest = {}
+    for name, a in tensors.items():
+        m = pattern.match(name)
+        if m:
+            groups.setdefault((m.group(1), m.group(3)), {})[int(m.group(2))] = a
+        else:
+            rest[name] = a
+    for (prefix, proj), experts in groups.items():
+        parts = [experts[e] for e in sorted(experts)]
+        rest[f"{prefix}.{proj}.weight"] = (np.stack([a for a, _ in parts]), parts[0][1])
+    return rest
+
+
+def tensor_type(gguf_name, array, outtype):
+    """llama.cpp keeps 1-D tensors (norms, biases) and the routers in F32."""
+    if array.ndim == 1 or gguf_name.endswith("ffn_gate_inp.weight"):
+        return gguf.GGMLQuantizationType.F32
+    return outtype
+
+
+def add_placeholder_vocab(w, cfg):
+    """A folder without a tokenizer (`strata synth`): one token per id and one merge, enough for
+    `llama-bench`, whose prompts are random ids."""
+    vocab = cfg["vocab_size"]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list([f"<{i}>" for i in range(vocab)])
+    w.add_token_types([gguf.TokenType.NORMAL] * vocab)
+    w.add_token_merges(["<0> <1>"])  # llama.cpp refuses a BPE vocabulary without merges
+    w.add_bos_token_id(cfg.get("bos_token_id", 0))
+    w.add_eos_token_id(cfg.get("eos_token_id", 1))
+
+
+def add_vocab(w, folder, pre):
+    tok = json.loads((Path(folder) / "tokenizer.json").read_text())
+    if tok["model"]["type"] != "BPE":
+        sys.exit(f"{folder}: only byte-level BPE vocabularies are converted by this script")
+    vocab = dict(tok["model"]["vocab"])
+    added = {t["content"]: t for t in tok.get("added_tokens", [])}
+    for content, t in added.items():
+        vocab[content] = t["id"]
+    size = max(vocab.values()) + 1
+    by_id = {i: s for s, i in vocab.items()}
+    tokens, types = [], []
+    for i in range(size):
+        s = by_id.get(i)
+        if s is None:
+            tokens.append(f"[PAD{i}]")
+            types.append(gguf.TokenType.UNUSED)
+        elif s in added:
+            tokens.append(s)
+            types.append(gguf.TokenType.CONTROL if added[s].get("special") else gguf.TokenType.USER_DEFINED)
+        else:
+            tokens.append(s)
+            types.append(gguf.TokenType.NORMAL)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    special = gguf.SpecialVocab(folder, load_merges=True)
+    special.add_to_gguf(w)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model_dir")
+    ap.add_argument("out")
+    ap.add_argument("--outtype", choices=sorted(OUTTYPES), default="bf16")
+    args = ap.parse_args()
+    folder = Path(args.model_dir)
+    cfg = json.loads((folder / "config.json").read_text())
+    model_type = cfg.get("model_type")
+    if model_type not in ARCHES:
+        sys.exit(f"{folder}: model_type {model_type!r} is not converted by this script (known: {sorted(ARCHES)})")
+    arch, pre = ARCHES[model_type]
+    layers = cfg["num_hidden_layers"]
+    names = gguf.get_tensor_name_map(arch, layers)
+
+    w = gguf.GGUFWriter(args.out, gguf.MODEL_ARCH_NAMES[arch])
+    w.add_name(folder.name)
+    w.add_block_count(layers)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg.get("num_key_value_heads", cfg["num_attention_heads"]))
+    if "head_dim" in cfg:
+        w.add_key_length(cfg["head_dim"])
+        w.add_value_length(cfg["head_dim"])
+    w.add_rope_freq_base(cfg.get("rope_theta", 10000.0))
+    w.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-6))
+    w.add_expert_count(cfg["num_experts"])
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    w.add_file_type(
+        {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16, "bf16": gguf.LlamaFileType.MOSTLY_BF16}[
+            args.outtype
+        ]
+    )
+    if (folder / "tokenizer.json").exists():
+        add_vocab(w, folder, pre)
+    else:
+        add_placeholder_vocab(w, cfg)
+
+    outtype = OUTTYPES[args.outtype]
+    for hf_name, (array, source) in sorted(stack_experts(read_tensors(folder)).items()):
+        base = hf_name.removesuffix(".weight").removesuffix(".bias")
+        suffix = hf_name[len(base) :]
+        mapped = names.get_name(base)
+        if mapped is None:
+            sys.exit(f"{folder}: tensor {hf_name} has no GGUF name for {gguf.MODEL_ARCH_NAMES[arch]}")
+        name = mapped + suffix
+        ty = tensor_type(name, array, outtype)
+        if source == "BF16" and ty == gguf.GGMLQuantizationType.BF16:
+            data = np.ascontiguousarray(array)  # the same bits
+        else:
+            data = gguf.quants.quantize(np.ascontiguousarray(as_f32(array, source)), ty)
+        w.add_tensor(name, data, raw_dtype=ty)
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file(progress=True)
+    w.close()
+
+
+if __name__ == "__main__":
+    main()

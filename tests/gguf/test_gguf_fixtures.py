@@ -1,0 +1,128 @@
+"""GGUF files made from the fixtures with the `gguf` package (`scripts/hf-to-gguf.py`) give the
+fixtures' goldens through the `strata` binary: logits within the fixture's tolerance, argmax
+where the margin decides it, greedy generations, and the tokenizer and chat template that the
+GGUF carries (ids, tokens' text, rendered chats) equal to the `tokenizer.json` results.
+
+Every fixture with goldens, BF16 weights and a `model_type` the converter maps is converted
+three times (F32, F16, BF16). The binary is $STRATA_BIN (else target/{release,debug}/strata);
+fixtures are $STRATA_FIXTURES (else ../shared/fixtures).
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CONVERTER = REPO / "scripts" / "hf-to-gguf.py"
+# model_type values `scripts/hf-to-gguf.py` converts (its ARCHES).
+CONVERTED = {"qwen3_moe"}
+
+
+def strata_bin() -> str:
+    if os.environ.get("STRATA_BIN"):
+        return os.environ["STRATA_BIN"]
+    found = [p for p in (REPO / "target/release/strata", REPO / "target/debug/strata") if p.exists()]
+    if not found:
+        pytest.exit("no strata binary: run `cargo build` first or set STRATA_BIN", returncode=2)
+    return str(max(found, key=lambda p: p.stat().st_mtime))
+
+
+def fixtures_dir() -> Path:
+    return Path(os.environ.get("STRATA_FIXTURES", REPO.parent / "shared" / "fixtures"))
+
+
+def bf16_fixtures():
+    out = []
+    for d in sorted(fixtures_dir().iterdir()) if fixtures_dir().is_dir() else []:
+        if not (d / "golden.json").exists() or not (d / "config.json").exists():
+            continue
+        cfg = json.loads((d / "config.json").read_text())
+        if cfg.get("model_type") in CONVERTED and not cfg.get("quantization_config"):
+            out.append(d)
+    return out
+
+
+FIXTURES = bf16_fixtures()
+
+
+def test_the_fixtures_include_a_converted_family():
+    assert FIXTURES, f"no fixture under {fixtures_dir()} has a model_type in {sorted(CONVERTED)}"
+
+
+@pytest.fixture(scope="module", params=[(d, t) for d in FIXTURES for t in ("f32", "f16", "bf16")],
+                ids=lambda p: f"{p[0].name}-{p[1]}")
+def gguf_model(request, tmp_path_factory):
+    folder, outtype = request.param
+    out = tmp_path_factory.mktemp("gguf") / f"{folder.name}-{outtype}.gguf"
+    subprocess.run([sys.executable, str(CONVERTER), str(folder), str(out), "--outtype", outtype], check=True)
+    return folder, out, json.loads((folder / "golden.json").read_text())
+
+
+def strata(*args):
+    p = subprocess.run([strata_bin(), *map(str, args)], capture_output=True, text=True)
+    assert p.returncode == 0, f"strata {' '.join(map(str, args))} failed:\n{p.stderr}"
+    return json.loads(p.stdout)
+
+
+def csv(ids):
+    return ",".join(map(str, ids))
+
+
+def rel_tolerance(g):
+    return g.get("tolerances", {}).get("logits", {}).get("rel_f32_engine", 1e-3)
+
+
+def test_logits_and_argmax_match_the_goldens(gguf_model):
+    folder, model, g = gguf_model
+    rel = rel_tolerance(g)
+    for p, prompt in enumerate(g["prompts"]):
+        out = strata("logits", "--model", model, "--ids", csv(prompt["ids"]))
+        absmax = prompt["last_logits_absmax"]
+        worst = max(abs(a - b) for a, b in zip(out["last_logits"], prompt["last_logits"]))
+        assert len(out["last_logits"]) == len(prompt["last_logits"])
+        assert worst <= rel * absmax, f"{folder.name} prompt {p}: max |diff| {worst} > {rel} x {absmax}"
+        for i, (a, b, m) in enumerate(zip(out["argmax"], prompt["argmax"], prompt["top2_margin"])):
+            if m >= 2 * rel * absmax:
+                assert a == b, f"{folder.name} prompt {p}: argmax at {i}"
+
+
+def test_greedy_generations_match_the_goldens(gguf_model):
+    folder, model, g = gguf_model
+    rel = rel_tolerance(g)
+    for entry in g["generation"]:
+        absmax = g["prompts"][entry["prompt_index"]]["last_logits_absmax"]
+        want = entry["new_ids"]
+        out = strata("run", "--model", model, "--ids", csv(entry["prompt_ids"]), "--max-tokens", len(want),
+                     "--temperature", 0, "--ignore-eos", "--output", "json")
+        margins = entry["step_top2_margin"]
+        checked = next((i + 1 for i, m in enumerate(margins) if m < 2 * rel * absmax), len(margins))
+        assert out["token_ids"][:checked] == want[:checked], f"{folder.name}: generation"
+        assert isinstance(out["text"], str)
+
+
+def test_the_gguf_tokenizer_and_template_match_the_goldens(gguf_model, tmp_path):
+    folder, model, g = gguf_model
+    for case in g["tokenizer"]:
+        text = case["text"]
+        assert strata("tokenize", "--model", model, "--text", text)["ids"] == case["ids"], text
+        plus = strata("tokenize", "--model", model, "--text", text, "--add-special")["ids"]
+        assert plus == case["ids_add_special_tokens"], text
+        if case["ids"]:
+            ids = csv(case["ids"])
+            assert strata("detokenize", "--model", model, "--ids", ids)["text"] == case["decoded"], text
+            skip = strata("detokenize", "--model", model, "--ids", ids, "--skip-special")["text"]
+            assert skip == case["decoded_skip_special"], text
+    for n, case in enumerate(g["chat_template"]):
+        messages = tmp_path / f"chat{n}.json"
+        messages.write_text(json.dumps(case["messages"]))
+        args = ["tokenize", "--model", model, "--chat", messages]
+        if case["add_generation_prompt"]:
+            args.append("--add-generation-prompt")
+        args += ["--template-kwargs", json.dumps(case["extra_template_kwargs"])]
+        out = strata(*args)
+        assert out["text"] == case["rendered"], f"chat case {n}"
+        assert out["ids"] == case["ids"], f"chat case {n}"
