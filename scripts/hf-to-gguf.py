@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Write a Hugging Face model folder (safetensors) as one GGUF file with the `gguf` package,
 the way llama.cpp's converter lays one out: its tensor names (`gguf.get_tensor_name_map`), each
-layer's experts stacked into one `[n_expert, ...]` tensor per projection, norms and routers in
-F32, the other matrices in the type asked for (`--outtype`), the vocabulary (a byte-level BPE:
+layer's experts stacked into one `[n_expert, ...]` tensor per projection, Llama's q and k rows
+permuted for its rope, norms and routers in F32, the other matrices in the type asked for (`--outtype`), the vocabulary (a byte-level BPE:
 tokens, token types, merges, pre-tokenizer name), special ids and chat template.
 
 The tests (`tests/gguf`) make their GGUF files from the fixtures with it; it is also how to make
@@ -27,7 +27,14 @@ import gguf
 
 # Hugging Face `model_type` -> (GGUF architecture, llama.cpp's pre-tokenizer name).
 ARCHES = {
-    "qwen3_moe": (gguf.MODEL_ARCH.QWEN3MOE, "qwen2"),
+    "qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE,
+    "mixtral": gguf.MODEL_ARCH.LLAMA,
+}
+
+# The split patterns of the byte-level BPE pre-tokenizers llama.cpp names.
+PRE_TOKENIZERS = {
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "qwen2",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "llama-bpe",
 }
 
 OUTTYPES = {
@@ -70,7 +77,7 @@ def as_f32(array, dtype):
 
 def stack_experts(tensors):
     """`...mlp.experts.E.proj.weight` -> one `...mlp.experts.proj.weight` of [E, ...] per layer."""
-    pattern = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(\w+)\.weight$")
+    pattern = re.compile(r"^(.*\.experts)\.(\d+)\.(\w+)\.weight$")
     groups = {}
     rest = {}
     for name, a in tensors.items():
@@ -83,6 +90,14 @@ def stack_experts(tensors):
         parts = [experts[e] for e in sorted(experts)]
         rest[f"{prefix}.{proj}.weight"] = (np.stack([a for a, _ in parts]), parts[0][1])
     return rest
+
+
+def permute_rows(array, heads):
+    """llama.cpp's permutation of Llama's q and k rows: within each head, row 2j takes row j and
+    row 2j + 1 row j + head_dim / 2, so its adjacent-pair rope rotates what Hugging Face's
+    half-split rope does."""
+    rows = array.shape[0]
+    return array.reshape(heads, 2, rows // heads // 2, *array.shape[1:]).swapaxes(1, 2).reshape(array.shape)
 
 
 def tensor_type(gguf_name, array, outtype):
@@ -105,15 +120,27 @@ def add_placeholder_vocab(w, cfg):
     w.add_eos_token_id(cfg.get("eos_token_id", 1))
 
 
-def add_vocab(w, folder, pre):
+def pre_tokenizer(folder, tok):
+    """llama.cpp's name for the tokenizer's split pattern."""
+    pre = tok.get("pre_tokenizer") or {}
+    for p in pre.get("pretokenizers", [pre]):
+        regex = (p.get("pattern") or {}).get("Regex")
+        if p.get("type") == "Split" and regex in PRE_TOKENIZERS:
+            return PRE_TOKENIZERS[regex]
+    sys.exit(f"{folder}: the tokenizer's split pattern is not one this script names")
+
+
+def add_vocab(w, folder, vocab_size):
     tok = json.loads((Path(folder) / "tokenizer.json").read_text())
     if tok["model"]["type"] != "BPE":
         sys.exit(f"{folder}: only byte-level BPE vocabularies are converted by this script")
+    pre = pre_tokenizer(folder, tok)
     vocab = dict(tok["model"]["vocab"])
     added = {t["content"]: t for t in tok.get("added_tokens", [])}
     for content, t in added.items():
         vocab[content] = t["id"]
-    size = max(vocab.values()) + 1
+    # As llama.cpp's converter: one token per row of the embedding, unused ids as [PADn].
+    size = max(max(vocab.values()) + 1, vocab_size)
     by_id = {i: s for s, i in vocab.items()}
     tokens, types = [], []
     for i in range(size):
@@ -146,7 +173,7 @@ def main():
     model_type = cfg.get("model_type")
     if model_type not in ARCHES:
         sys.exit(f"{folder}: model_type {model_type!r} is not converted by this script (known: {sorted(ARCHES)})")
-    arch, pre = ARCHES[model_type]
+    arch = ARCHES[model_type]
     layers = cfg["num_hidden_layers"]
     names = gguf.get_tensor_name_map(arch, layers)
 
@@ -163,16 +190,18 @@ def main():
         w.add_value_length(cfg["head_dim"])
     w.add_rope_freq_base(cfg.get("rope_theta", 10000.0))
     w.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-6))
-    w.add_expert_count(cfg["num_experts"])
+    w.add_rope_dimension_count(cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"]))
+    w.add_expert_count(cfg.get("num_experts", cfg.get("num_local_experts")))
     w.add_expert_used_count(cfg["num_experts_per_tok"])
-    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    if "moe_intermediate_size" in cfg:
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     w.add_file_type(
         {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16, "bf16": gguf.LlamaFileType.MOSTLY_BF16}[
             args.outtype
         ]
     )
     if (folder / "tokenizer.json").exists():
-        add_vocab(w, folder, pre)
+        add_vocab(w, folder, cfg["vocab_size"])
     else:
         add_placeholder_vocab(w, cfg)
 
@@ -184,6 +213,9 @@ def main():
         if mapped is None:
             sys.exit(f"{folder}: tensor {hf_name} has no GGUF name for {gguf.MODEL_ARCH_NAMES[arch]}")
         name = mapped + suffix
+        if arch == gguf.MODEL_ARCH.LLAMA and name.endswith(("attn_q.weight", "attn_k.weight")):
+            heads = cfg["num_attention_heads"] if name.endswith("attn_q.weight") else cfg["num_key_value_heads"]
+            array = permute_rows(array, heads)
         ty = tensor_type(name, array, outtype)
         if source == "BF16" and ty == gguf.GGMLQuantizationType.BF16:
             data = np.ascontiguousarray(array)  # the same bits

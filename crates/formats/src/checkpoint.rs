@@ -71,8 +71,11 @@ pub struct Checkpoint {
     int8: Option<Arc<dyn Int8Spine>>,
     /// The name a tensor has in the files, when it is not the name the families ask for (a
     /// GGUF model's), for errors.
-    file_name: Option<fn(&str) -> Option<String>>,
+    file_name: Option<FileName>,
 }
+
+/// A tensor's name in a checkpoint's files, from the name the families ask for.
+pub type FileName = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 
 impl std::fmt::Debug for Checkpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -156,7 +159,7 @@ impl Checkpoint {
         dir: &Path,
         shards: Vec<Shard>,
         tensors: HashMap<String, TensorEntry>,
-        file_name: Option<fn(&str) -> Option<String>>,
+        file_name: Option<FileName>,
     ) -> Checkpoint {
         Checkpoint {
             dir: dir.to_path_buf(),
@@ -177,7 +180,7 @@ impl Checkpoint {
         dir: &Path,
         paths: &[PathBuf],
         tensors: HashMap<String, TensorEntry>,
-        file_name: fn(&str) -> Option<String>,
+        file_name: FileName,
     ) -> Result<Checkpoint> {
         let mut shards = Vec::with_capacity(paths.len());
         for path in paths {
@@ -213,7 +216,7 @@ impl Checkpoint {
             preloaded: Some((bytes, owner)),
             // Streamed layers are built from the bytes read each time: they keep their format.
             int8: None,
-            file_name: self.file_name,
+            file_name: self.file_name.clone(),
         }
     }
 
@@ -277,7 +280,7 @@ impl Checkpoint {
         FormatError::MissingTensor {
             dir: self.dir.clone(),
             tensor: name.to_string(),
-            note: match self.file_name.and_then(|f| f(name)) {
+            note: match self.file_name.as_ref().and_then(|f| f(name)) {
                 Some(file_name) => format!(" (in the file: {file_name})"),
                 None => String::new(),
             },

@@ -4,8 +4,8 @@
 //! per layer and projection are indexed expert by expert (each a slice of that tensor), so the
 //! expert store reads one expert with one read, as it does from safetensors.
 //!
-//! llama.cpp's converters keep the Qwen families' weights as Hugging Face stores them (rows
-//! outermost; no permutation), so their bytes serve unchanged.
+//! llama.cpp's converters keep the weights' bytes as Hugging Face stores them (rows outermost),
+//! except Llama's q and k, whose rows they permute within each head (see [`Family::Mixtral`]).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -16,30 +16,64 @@ use crate::gguf::{GgmlType, Gguf, GgufTensor};
 use crate::safetensors::TensorInfo;
 use crate::{Checkpoint, DType, FormatError, JsonConfig, Result, TensorEntry};
 
-/// The GGUF architectures strata maps to a family, with the family's `model_type`.
-const ARCHITECTURES: &[(&str, &str, &str)] = &[("qwen3moe", "qwen3_moe", "Qwen3MoeForCausalLM")];
+/// The families a GGUF model maps to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Family {
+    Qwen3Moe,
+    /// `llama` with experts. llama.cpp's converter permutes the rows of each head of q and k so
+    /// that rotating adjacent pairs (its rope) equals Hugging Face's rotation of the two halves:
+    /// the family reads those weights as they are, with the interleaved rope.
+    Mixtral,
+}
+
+const SUPPORTED: &str = "qwen3moe, llama with experts (Mixtral)";
+
+impl Family {
+    fn of(g: &Gguf, arch: &str) -> Result<Family> {
+        match arch {
+            "qwen3moe" => Ok(Family::Qwen3Moe),
+            "llama" if g.opt_usize("llama.expert_count")?.unwrap_or(0) > 0 => Ok(Family::Mixtral),
+            "llama" => Err(g.key_error(
+                "llama.expert_count",
+                "dense Llama models (no experts) are not supported yet",
+            )),
+            _ => Err(g.key_error(
+                "general.architecture",
+                format!("architecture `{arch}` is not supported (supported: {SUPPORTED})"),
+            )),
+        }
+    }
+
+    fn names(self) -> &'static Names {
+        match self {
+            Family::Qwen3Moe => &QWEN3MOE,
+            Family::Mixtral => &MIXTRAL,
+        }
+    }
+
+    /// (`model_type`, `architectures`) of its Hugging Face config.
+    fn hf(self) -> (&'static str, &'static str) {
+        match self {
+            Family::Qwen3Moe => ("qwen3_moe", "Qwen3MoeForCausalLM"),
+            Family::Mixtral => ("mixtral", "MixtralForCausalLM"),
+        }
+    }
+}
 
 /// Opens a GGUF model: the config its family reads and its tensors under Hugging Face names.
 pub fn open_gguf(path: &Path) -> Result<(JsonConfig, Checkpoint)> {
     let g = Gguf::open(path)?;
     let arch = g.architecture()?.to_string();
-    let Some(&(_, model_type, class)) = ARCHITECTURES.iter().find(|(a, _, _)| *a == arch) else {
-        let known: Vec<_> = ARCHITECTURES.iter().map(|(a, _, _)| *a).collect();
-        return Err(g.key_error(
-            "general.architecture",
-            format!(
-                "architecture `{arch}` is not supported (supported: {})",
-                known.join(", ")
-            ),
-        ));
-    };
-    let tensors = index(&g)?;
-    let config = config(&g, &arch, model_type, class, &tensors)?;
+    let family = Family::of(&g, &arch)?;
+    let names = family.names();
+    let tensors = index(&g, names)?;
+    let config = config(&g, &arch, family, &tensors)?;
     let cfg = JsonConfig {
         path: path.to_path_buf(),
         value: config,
     };
-    Ok((cfg, Checkpoint::from_index(path, &g.paths, tensors, gguf_name)?))
+    let file_name = std::sync::Arc::new(move |hf: &str| names.gguf_name(hf));
+    Ok((cfg, Checkpoint::from_index(path, &g.paths, tensors, file_name)?))
 }
 
 /// The storage dtype of a GGUF type the kernels read as they are.
@@ -52,117 +86,136 @@ fn dtype(ty: GgmlType) -> Option<DType> {
     }
 }
 
-/// The Hugging Face name of a per-layer GGUF tensor `blk.L.<stem>.<kind>`, or for the experts'
-/// stacked tensors the projection's name (`mlp.experts.{E}.` goes before it).
-enum Mapped {
-    One(String),
-    Experts(&'static str),
+/// How an architecture's per-layer GGUF tensors (`blk.L.<stem>.<kind>`) are named in its
+/// Hugging Face checkpoints: (stem, name after `model.layers.L.`) for single tensors, and for
+/// the experts' stacked tensors (stem, the experts' prefix, the projection).
+struct Names {
+    one: &'static [(&'static str, &'static str)],
+    experts: &'static [(&'static str, &'static str, &'static str)],
 }
 
-fn layer_tensor(stem: &str) -> Option<Mapped> {
-    let one = |s: &str| Some(Mapped::One(s.to_string()));
-    match stem {
-        "attn_norm" => one("input_layernorm"),
-        "attn_q" => one("self_attn.q_proj"),
-        "attn_k" => one("self_attn.k_proj"),
-        "attn_v" => one("self_attn.v_proj"),
-        "attn_output" => one("self_attn.o_proj"),
-        "attn_q_norm" => one("self_attn.q_norm"),
-        "attn_k_norm" => one("self_attn.k_norm"),
-        "ffn_norm" => one("post_attention_layernorm"),
-        "ffn_gate_inp" => one("mlp.gate"),
-        "ffn_gate" => one("mlp.gate_proj"),
-        "ffn_up" => one("mlp.up_proj"),
-        "ffn_down" => one("mlp.down_proj"),
-        "ffn_gate_exps" => Some(Mapped::Experts("gate_proj")),
-        "ffn_up_exps" => Some(Mapped::Experts("up_proj")),
-        "ffn_down_exps" => Some(Mapped::Experts("down_proj")),
-        _ => None,
+/// The tensors of a GQA attention block, as Llama-style checkpoints name them.
+const GQA: &[(&str, &str)] = &[
+    ("attn_norm", "input_layernorm"),
+    ("attn_q", "self_attn.q_proj"),
+    ("attn_k", "self_attn.k_proj"),
+    ("attn_v", "self_attn.v_proj"),
+    ("attn_output", "self_attn.o_proj"),
+    ("attn_q_norm", "self_attn.q_norm"),
+    ("attn_k_norm", "self_attn.k_norm"),
+    ("ffn_norm", "post_attention_layernorm"),
+    ("ffn_gate", "mlp.gate_proj"),
+    ("ffn_up", "mlp.up_proj"),
+    ("ffn_down", "mlp.down_proj"),
+];
+
+const QWEN3MOE: Names = Names {
+    one: GQA,
+    experts: &[
+        ("ffn_gate_exps", "mlp.experts", "gate_proj"),
+        ("ffn_up_exps", "mlp.experts", "up_proj"),
+        ("ffn_down_exps", "mlp.experts", "down_proj"),
+    ],
+};
+
+const MIXTRAL: Names = Names {
+    one: GQA,
+    experts: &[
+        ("ffn_gate_exps", "block_sparse_moe.experts", "w1"),
+        ("ffn_up_exps", "block_sparse_moe.experts", "w3"),
+        ("ffn_down_exps", "block_sparse_moe.experts", "w2"),
+    ],
+};
+
+/// The router, whose Hugging Face name differs between families.
+fn router(names: &Names) -> &'static str {
+    match names.experts[0].1 {
+        "block_sparse_moe.experts" => "block_sparse_moe.gate",
+        _ => "mlp.gate",
     }
 }
 
-/// The GGUF name of a Hugging Face tensor name (`blk.L.ffn_gate_exps.weight, expert E` for an
-/// expert's), for errors about tensors a GGUF file lacks.
-fn gguf_name(hf: &str) -> Option<String> {
-    match hf {
-        "model.embed_tokens.weight" => return Some("token_embd.weight".into()),
-        "model.norm.weight" => return Some("output_norm.weight".into()),
-        "lm_head.weight" => return Some("output.weight".into()),
-        _ => {}
+/// The stem of the end tensors (outside the layers) by Hugging Face name.
+const ENDS: &[(&str, &str)] = &[
+    ("token_embd.weight", "model.embed_tokens.weight"),
+    ("output_norm.weight", "model.norm.weight"),
+    ("output.weight", "lm_head.weight"),
+];
+
+impl Names {
+    /// The Hugging Face name of `blk.L.<stem>` (single tensors).
+    fn one(&self, stem: &str) -> Option<&'static str> {
+        if stem == "ffn_gate_inp" {
+            return Some(router(self));
+        }
+        self.one.iter().find(|(s, _)| *s == stem).map(|(_, h)| *h)
     }
-    let rest = hf.strip_prefix("model.layers.")?;
-    let (layer, rest) = rest.split_once('.')?;
-    let (base, kind) = rest.rsplit_once('.')?;
-    if let Some(expert) = base.strip_prefix("mlp.experts.") {
-        let (e, proj) = expert.split_once('.')?;
-        let stem = ["gate_proj", "up_proj", "down_proj"]
-            .iter()
-            .position(|p| *p == proj)
-            .map(|i| ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"][i])?;
-        return Some(format!("blk.{layer}.{stem}.{kind}, expert {e}"));
+
+    /// The GGUF name of a Hugging Face tensor name (`blk.L.ffn_gate_exps.weight, expert E` for
+    /// an expert's), for errors about tensors a GGUF file lacks.
+    fn gguf_name(&self, hf: &str) -> Option<String> {
+        if let Some((g, _)) = ENDS.iter().find(|(_, h)| *h == hf) {
+            return Some(g.to_string());
+        }
+        let rest = hf.strip_prefix("model.layers.")?;
+        let (layer, rest) = rest.split_once('.')?;
+        let (base, kind) = rest.rsplit_once('.')?;
+        for (stem, prefix, proj) in self.experts {
+            if let Some((e, p)) = base
+                .strip_prefix(prefix)
+                .and_then(|r| r.strip_prefix('.')?.split_once('.'))
+            {
+                if p == *proj {
+                    return Some(format!("blk.{layer}.{stem}.{kind}, expert {e}"));
+                }
+            }
+        }
+        if base == router(self) {
+            return Some(format!("blk.{layer}.ffn_gate_inp.{kind}"));
+        }
+        let (stem, _) = self.one.iter().find(|(_, h)| *h == base)?;
+        Some(format!("blk.{layer}.{stem}.{kind}"))
     }
-    const STEMS: &[&str] = &[
-        "attn_norm",
-        "attn_q",
-        "attn_k",
-        "attn_v",
-        "attn_output",
-        "attn_q_norm",
-        "attn_k_norm",
-        "ffn_norm",
-        "ffn_gate_inp",
-        "ffn_gate",
-        "ffn_up",
-        "ffn_down",
-    ];
-    let stem = STEMS
-        .iter()
-        .find(|s| matches!(layer_tensor(s), Some(Mapped::One(n)) if n == base))?;
-    Some(format!("blk.{layer}.{stem}.{kind}"))
 }
 
 /// A Hugging Face tensor in a GGUF file: (name, shape, absolute offset, bytes).
 type HfEntry = (String, Vec<usize>, u64, u64);
 
 /// Hugging Face names of a GGUF tensor, each with its byte range (several for stacked experts).
-fn hf_entries(t: &GgufTensor) -> Option<Vec<HfEntry>> {
+fn hf_entries(names: &Names, t: &GgufTensor) -> Option<Vec<HfEntry>> {
     let whole = |name: &str| Some(vec![(name.to_string(), t.shape(), t.offset, t.len)]);
-    match t.name.as_str() {
-        "token_embd.weight" => return whole("model.embed_tokens.weight"),
-        "output_norm.weight" => return whole("model.norm.weight"),
-        "output.weight" => return whole("lm_head.weight"),
-        _ => {}
+    if let Some((_, hf)) = ENDS.iter().find(|(g, _)| *g == t.name) {
+        return whole(hf);
     }
     let rest = t.name.strip_prefix("blk.")?;
     let (layer, rest) = rest.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
     let (stem, kind) = rest.rsplit_once('.')?;
     let p = format!("model.layers.{layer}");
-    match layer_tensor(stem)? {
-        Mapped::One(name) => whole(&format!("{p}.{name}.{kind}")),
-        Mapped::Experts(proj) => {
-            let shape = t.shape();
-            let (&n_expert, inner) = shape.split_first()?;
-            if n_expert == 0 {
-                return None;
-            }
-            let each = t.len / n_expert as u64;
-            Some(
-                (0..n_expert)
-                    .map(|e| {
-                        let name = format!("{p}.mlp.experts.{e}.{proj}.{kind}");
-                        (name, inner.to_vec(), t.offset + e as u64 * each, each)
-                    })
-                    .collect(),
-            )
-        }
+    if let Some(hf) = names.one(stem) {
+        return whole(&format!("{p}.{hf}.{kind}"));
     }
+    let (_, prefix, proj) = names.experts.iter().find(|(s, _, _)| *s == stem)?;
+    let shape = t.shape();
+    let (&n_expert, inner) = shape.split_first()?;
+    if n_expert == 0 {
+        return None;
+    }
+    let each = t.len / n_expert as u64;
+    Some(
+        (0..n_expert)
+            .map(|e| {
+                let name = format!("{p}.{prefix}.{e}.{proj}.{kind}");
+                (name, inner.to_vec(), t.offset + e as u64 * each, each)
+            })
+            .collect(),
+    )
 }
 
-fn index(g: &Gguf) -> Result<HashMap<String, TensorEntry>> {
+fn index(g: &Gguf, names: &Names) -> Result<HashMap<String, TensorEntry>> {
     let mut out = HashMap::new();
     for t in &g.tensors {
-        let Some(entries) = hf_entries(t) else {
+        let Some(entries) = hf_entries(names, t) else {
             continue; // a tensor no family reads (e.g. precomputed rope frequencies)
         };
         let dtype = dtype(t.ty).ok_or_else(|| FormatError::BadTensor {
@@ -188,13 +241,7 @@ fn index(g: &Gguf) -> Result<HashMap<String, TensorEntry>> {
 }
 
 /// The `config.json` keys of the family, from the GGUF metadata (`ARCH.block_count`, ...).
-fn config(
-    g: &Gguf,
-    arch: &str,
-    model_type: &str,
-    class: &str,
-    tensors: &HashMap<String, TensorEntry>,
-) -> Result<Json> {
+fn config(g: &Gguf, arch: &str, family: Family, tensors: &HashMap<String, TensorEntry>) -> Result<Json> {
     let key = |k: &str| format!("{arch}.{k}");
     let embed = tensors
         .get("model.embed_tokens.weight")
@@ -203,54 +250,49 @@ fn config(
             tensor: "token_embd.weight".into(),
             note: String::new(),
         })?;
-    let vocab = embed.info.shape[0];
     let hidden = g.usize(&key("embedding_length"))?;
     let heads = g.usize(&key("attention.head_count"))?;
+    let (model_type, class) = family.hf();
     let mut c = Map::new();
-    c.insert("model_type".into(), json!(model_type));
-    c.insert("architectures".into(), json!([class]));
-    c.insert("vocab_size".into(), json!(vocab));
-    c.insert("hidden_size".into(), json!(hidden));
-    c.insert("num_hidden_layers".into(), json!(g.usize(&key("block_count"))?));
-    c.insert("num_attention_heads".into(), json!(heads));
+    let mut set = |k: &str, v: Json| {
+        c.insert(k.to_string(), v);
+    };
+    set("model_type", json!(model_type));
+    set("architectures", json!([class]));
+    set("vocab_size", json!(embed.info.shape[0]));
+    set("hidden_size", json!(hidden));
+    set("num_hidden_layers", json!(g.usize(&key("block_count"))?));
+    set("num_attention_heads", json!(heads));
     let kv_heads = g.opt_usize(&key("attention.head_count_kv"))?.unwrap_or(heads);
-    c.insert("num_key_value_heads".into(), json!(kv_heads));
-    let head_dim = g
-        .opt_usize(&key("attention.key_length"))?
-        .unwrap_or(hidden / heads.max(1));
-    c.insert("head_dim".into(), json!(head_dim));
-    c.insert(
-        "max_position_embeddings".into(),
-        json!(g.usize(&key("context_length"))?),
-    );
-    c.insert(
-        "intermediate_size".into(),
-        json!(g.usize(&key("feed_forward_length"))?),
-    );
-    let eps = g
-        .opt_f64(&key("attention.layer_norm_rms_epsilon"))?
-        .unwrap_or(1e-6);
-    c.insert("rms_norm_eps".into(), json!(eps));
-    c.insert(
-        "rope_theta".into(),
-        json!(g.opt_f64(&key("rope.freq_base"))?.unwrap_or(10000.0)),
-    );
+    set("num_key_value_heads", json!(kv_heads));
+    let head_dim = g.opt_usize(&key("attention.key_length"))?;
+    set("head_dim", json!(head_dim.unwrap_or(hidden / heads.max(1))));
+    set("max_position_embeddings", json!(g.usize(&key("context_length"))?));
+    set("intermediate_size", json!(g.usize(&key("feed_forward_length"))?));
+    let eps = g.opt_f64(&key("attention.layer_norm_rms_epsilon"))?;
+    set("rms_norm_eps", json!(eps.unwrap_or(1e-6)));
+    let theta = g.opt_f64(&key("rope.freq_base"))?;
+    set("rope_theta", json!(theta.unwrap_or(10000.0)));
     if let Some(scaling) = rope_scaling(g, arch)? {
-        c.insert("rope_scaling".into(), scaling);
+        set("rope_scaling", scaling);
     }
-    c.insert("num_experts".into(), json!(g.usize(&key("expert_count"))?));
-    c.insert(
-        "num_experts_per_tok".into(),
-        json!(g.usize(&key("expert_used_count"))?),
-    );
-    c.insert(
-        "moe_intermediate_size".into(),
-        json!(g.usize(&key("expert_feed_forward_length"))?),
-    );
-    // llama.cpp's Qwen3-MoE always renormalises the chosen experts' weights.
-    c.insert("norm_topk_prob".into(), json!(true));
-    c.insert(
-        "tie_word_embeddings".into(),
+    let experts = g.usize(&key("expert_count"))?;
+    set("num_experts_per_tok", json!(g.usize(&key("expert_used_count"))?));
+    match family {
+        Family::Qwen3Moe => {
+            set("num_experts", json!(experts));
+            let moe_ffn = g.usize(&key("expert_feed_forward_length"))?;
+            set("moe_intermediate_size", json!(moe_ffn));
+            // llama.cpp's Qwen3-MoE always renormalises the chosen experts' weights.
+            set("norm_topk_prob", json!(true));
+        }
+        Family::Mixtral => {
+            set("num_local_experts", json!(experts));
+            set("rope_interleaved", json!(true));
+        }
+    }
+    set(
+        "tie_word_embeddings",
         json!(!tensors.contains_key("lm_head.weight")),
     );
     for (gguf_key, hf_key) in [
@@ -258,7 +300,7 @@ fn config(
         ("tokenizer.ggml.eos_token_id", "eos_token_id"),
     ] {
         if let Some(id) = g.opt_usize(gguf_key)? {
-            c.insert(hf_key.into(), json!(id));
+            set(hf_key, json!(id));
         }
     }
     Ok(Json::Object(c))

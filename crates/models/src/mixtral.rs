@@ -84,7 +84,13 @@ pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, loading: &Loading) -> Result<Bo
     let c = Config::read(cfg)?;
     let layout = expert_layout(cfg)?;
     let store = loading.experts.clone();
-    let rope = Rope::from_config(cfg, c.head_dim, 1e6, RopeStyle::NeoX)?;
+    // A GGUF file's q and k rows come permuted for adjacent-pair rotation (`rope_interleaved`).
+    let style = if cfg.opt_bool("rope_interleaved")?.unwrap_or(false) {
+        RopeStyle::Interleaved
+    } else {
+        RopeStyle::NeoX
+    };
+    let rope = Rope::from_config(cfg, c.head_dim, 1e6, style)?;
     let c = Arc::new(c);
     let builder: BlockBuilder = {
         let c = c.clone();

@@ -13,6 +13,9 @@ use crate::{ChatTemplate, Result, TokenizerError};
 /// llama.cpp's token types.
 const CONTROL: i64 = 3;
 const USER_DEFINED: i64 = 4;
+/// Ids no text maps to (the padding past a vocabulary): left out, so they are never decoded
+/// (and never sampled).
+const UNUSED: i64 = 5;
 
 /// Byte-level BPE pre-tokenizers by llama.cpp's name: (names, split pattern, NFC first).
 const PRE: &[(&[&str], &str, bool)] = &[
@@ -113,6 +116,9 @@ pub fn from_gguf(g: &Gguf) -> Result<Tokenizer> {
     let mut vocab = serde_json::Map::new();
     let mut added = Vec::new();
     for (i, (&t, &ty)) in tokens.iter().zip(&types).enumerate() {
+        if ty == UNUSED {
+            continue;
+        }
         if ty == CONTROL || ty == USER_DEFINED {
             added.push(json!({
                 "id": i, "content": t, "single_word": false, "lstrip": false, "rstrip": false,
