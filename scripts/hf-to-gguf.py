@@ -29,6 +29,8 @@ import gguf
 ARCHES = {
     "qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE,
     "mixtral": gguf.MODEL_ARCH.LLAMA,
+    "deepseek_v3": gguf.MODEL_ARCH.DEEPSEEK2,
+    "kimi_k2": gguf.MODEL_ARCH.DEEPSEEK2,
 }
 
 # The split patterns of the byte-level BPE pre-tokenizers llama.cpp names.
@@ -102,7 +104,7 @@ def permute_rows(array, heads):
 
 def tensor_type(gguf_name, array, outtype):
     """llama.cpp keeps 1-D tensors (norms, biases) and the routers in F32."""
-    if array.ndim == 1 or gguf_name.endswith("ffn_gate_inp.weight"):
+    if array.ndim == 1 or gguf_name.endswith(("ffn_gate_inp.weight", "exp_probs_b.bias")):
         return gguf.GGMLQuantizationType.F32
     return outtype
 
@@ -162,11 +164,92 @@ def add_vocab(w, folder, vocab_size):
     special.add_to_gguf(w)
 
 
+def add_hparams(w, cfg, arch):
+    """The keys llama.cpp's converter writes for the architecture."""
+    heads = cfg["num_attention_heads"]
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(cfg.get("num_key_value_heads", heads))
+    w.add_rope_freq_base(cfg.get("rope_theta", 10000.0))
+    w.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-6))
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    if arch == gguf.MODEL_ARCH.DEEPSEEK2:
+        nope, rope, v, kv_lora = (cfg[k] for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank"))
+        if cfg.get("q_lora_rank"):
+            w.add_q_lora_rank(cfg["q_lora_rank"])
+        w.add_kv_lora_rank(kv_lora)
+        # MLA as llama.cpp runs it (absorbed): keys and values in the latent; the heads' own
+        # sizes in the `_mla` keys.
+        w.add_key_length(kv_lora + rope)
+        w.add_value_length(kv_lora)
+        w.add_key_length_mla(nope + rope)
+        w.add_value_length_mla(v)
+        w.add_rope_dimension_count(rope)
+        w.add_leading_dense_block_count(cfg.get("first_k_dense_replace", 0))
+        w.add_expert_count(cfg["n_routed_experts"])
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        w.add_expert_shared_count(cfg.get("n_shared_experts", 0))
+        w.add_expert_weights_scale(cfg.get("routed_scaling_factor", 1.0))
+        w.add_expert_weights_norm(cfg.get("norm_topk_prob", False))
+        gating = {"sigmoid": gguf.ExpertGatingFuncType.SIGMOID, "softmax": gguf.ExpertGatingFuncType.SOFTMAX}
+        w.add_expert_gating_func(gating[cfg.get("scoring_func", "softmax")])
+        w.add_expert_group_count(cfg.get("n_group", 1))
+        w.add_expert_group_used_count(cfg.get("topk_group", 1))
+        scaling = cfg.get("rope_scaling") or {}
+        if scaling.get("type", scaling.get("rope_type")) == "yarn":
+            w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+            w.add_rope_scaling_factor(scaling["factor"])
+            w.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
+            w.add_rope_scaling_yarn_log_mul(0.1 * scaling.get("mscale_all_dim", 0.0))
+            if "beta_fast" in scaling:
+                w.add_rope_scaling_yarn_beta_fast(scaling["beta_fast"])
+            if "beta_slow" in scaling:
+                w.add_rope_scaling_yarn_beta_slow(scaling["beta_slow"])
+        return
+    head_dim = cfg.get("head_dim", cfg["hidden_size"] // heads)
+    if "head_dim" in cfg:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    w.add_rope_dimension_count(head_dim)
+    w.add_expert_count(cfg.get("num_experts", cfg.get("num_local_experts")))
+    if "moe_intermediate_size" in cfg:
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+
+
+def split_kv_b(array, cfg):
+    """DeepSeek's kv_b as newer llama.cpp conversions store it: per head, k_b (the key part,
+    transposed: [kv_lora, nope]) and v_b ([v, kv_lora])."""
+    heads, nope, v = cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["v_head_dim"]
+    kv_b = array.reshape(heads, nope + v, array.shape[-1])
+    return np.ascontiguousarray(kv_b[:, :nope, :].transpose(0, 2, 1)), np.ascontiguousarray(kv_b[:, nope:, :])
+
+
+def hf_tensors(folder, cfg, arch, whole_kv_b):
+    """(name, array, source dtype) in the order written, with the renames llama.cpp makes."""
+    for hf_name, (array, source) in sorted(stack_experts(read_tensors(folder)).items()):
+        if hf_name.endswith("e_score_correction_bias"):
+            hf_name = hf_name.replace("e_score_correction_bias", "e_score_correction.bias")
+        if arch == gguf.MODEL_ARCH.DEEPSEEK2 and hf_name.endswith("kv_b_proj.weight") and not whole_kv_b:
+            k_b, v_b = split_kv_b(array, cfg)
+            yield hf_name.replace("kv_b_proj", "k_b_proj"), k_b, source
+            yield hf_name.replace("kv_b_proj", "v_b_proj"), v_b, source
+            continue
+        yield hf_name, array, source
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model_dir")
     ap.add_argument("out")
     ap.add_argument("--outtype", choices=sorted(OUTTYPES), default="bf16")
+    ap.add_argument(
+        "--whole-kv-b",
+        action="store_true",
+        help="DeepSeek: keep kv_b_proj whole (older conversions) instead of k_b and v_b",
+    )
     args = ap.parse_args()
     folder = Path(args.model_dir)
     cfg = json.loads((folder / "config.json").read_text())
@@ -174,27 +257,11 @@ def main():
     if model_type not in ARCHES:
         sys.exit(f"{folder}: model_type {model_type!r} is not converted by this script (known: {sorted(ARCHES)})")
     arch = ARCHES[model_type]
-    layers = cfg["num_hidden_layers"]
-    names = gguf.get_tensor_name_map(arch, layers)
+    names = gguf.get_tensor_name_map(arch, cfg["num_hidden_layers"])
 
     w = gguf.GGUFWriter(args.out, gguf.MODEL_ARCH_NAMES[arch])
     w.add_name(folder.name)
-    w.add_block_count(layers)
-    w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(cfg["hidden_size"])
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_head_count(cfg["num_attention_heads"])
-    w.add_head_count_kv(cfg.get("num_key_value_heads", cfg["num_attention_heads"]))
-    if "head_dim" in cfg:
-        w.add_key_length(cfg["head_dim"])
-        w.add_value_length(cfg["head_dim"])
-    w.add_rope_freq_base(cfg.get("rope_theta", 10000.0))
-    w.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-6))
-    w.add_rope_dimension_count(cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"]))
-    w.add_expert_count(cfg.get("num_experts", cfg.get("num_local_experts")))
-    w.add_expert_used_count(cfg["num_experts_per_tok"])
-    if "moe_intermediate_size" in cfg:
-        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    add_hparams(w, cfg, arch)
     w.add_file_type(
         {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16, "bf16": gguf.LlamaFileType.MOSTLY_BF16}[
             args.outtype
@@ -206,7 +273,7 @@ def main():
         add_placeholder_vocab(w, cfg)
 
     outtype = OUTTYPES[args.outtype]
-    for hf_name, (array, source) in sorted(stack_experts(read_tensors(folder)).items()):
+    for hf_name, array, source in hf_tensors(folder, cfg, arch, args.whole_kv_b):
         base = hf_name.removesuffix(".weight").removesuffix(".bias")
         suffix = hf_name[len(base) :]
         mapped = names.get_name(base)

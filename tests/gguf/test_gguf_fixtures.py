@@ -19,7 +19,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 CONVERTER = REPO / "scripts" / "hf-to-gguf.py"
 # model_type values `scripts/hf-to-gguf.py` converts (its ARCHES).
-CONVERTED = {"qwen3_moe", "mixtral"}
+CONVERTED = {"qwen3_moe", "mixtral", "deepseek_v3", "kimi_k2"}
+# DeepSeek-style MLA fixtures are also written with kv_b whole (older conversions).
+MLA = {"deepseek_v3", "kimi_k2"}
 
 
 def strata_bin() -> str:
@@ -53,12 +55,21 @@ def test_the_fixtures_include_a_converted_family():
     assert FIXTURES, f"no fixture under {fixtures_dir()} has a model_type in {sorted(CONVERTED)}"
 
 
-@pytest.fixture(scope="module", params=[(d, t) for d in FIXTURES for t in ("f32", "f16", "bf16")],
-                ids=lambda p: f"{p[0].name}-{p[1]}")
+def variants():
+    out = []
+    for d in FIXTURES:
+        out += [(d, t, []) for t in ("f32", "f16", "bf16")]
+        if json.loads((d / "config.json").read_text())["model_type"] in MLA:
+            out.append((d, "bf16", ["--whole-kv-b"]))
+    return out
+
+
+@pytest.fixture(scope="module", params=variants(), ids=lambda p: "-".join([p[0].name, p[1], *p[2]]))
 def gguf_model(request, tmp_path_factory):
-    folder, outtype = request.param
+    folder, outtype, extra = request.param
     out = tmp_path_factory.mktemp("gguf") / f"{folder.name}-{outtype}.gguf"
-    subprocess.run([sys.executable, str(CONVERTER), str(folder), str(out), "--outtype", outtype], check=True)
+    cmd = [sys.executable, str(CONVERTER), str(folder), str(out), "--outtype", outtype, *extra]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     return folder, out, json.loads((folder / "golden.json").read_text())
 
 

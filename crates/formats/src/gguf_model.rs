@@ -24,14 +24,18 @@ enum Family {
     /// that rotating adjacent pairs (its rope) equals Hugging Face's rotation of the two halves:
     /// the family reads those weights as they are, with the interleaved rope.
     Mixtral,
+    /// DeepSeek-V3/R1, Kimi K2: MLA (`kv_b` whole, or split into `k_b` and `v_b` as newer
+    /// conversions store it), sigmoid routing with the correction bias, shared experts.
+    DeepSeek2,
 }
 
-const SUPPORTED: &str = "qwen3moe, llama with experts (Mixtral)";
+const SUPPORTED: &str = "qwen3moe, deepseek2, llama with experts (Mixtral)";
 
 impl Family {
     fn of(g: &Gguf, arch: &str) -> Result<Family> {
         match arch {
             "qwen3moe" => Ok(Family::Qwen3Moe),
+            "deepseek2" => Ok(Family::DeepSeek2),
             "llama" if g.opt_usize("llama.expert_count")?.unwrap_or(0) > 0 => Ok(Family::Mixtral),
             "llama" => Err(g.key_error(
                 "llama.expert_count",
@@ -48,6 +52,7 @@ impl Family {
         match self {
             Family::Qwen3Moe => &QWEN3MOE,
             Family::Mixtral => &MIXTRAL,
+            Family::DeepSeek2 => &DEEPSEEK2,
         }
     }
 
@@ -56,6 +61,7 @@ impl Family {
         match self {
             Family::Qwen3Moe => ("qwen3_moe", "Qwen3MoeForCausalLM"),
             Family::Mixtral => ("mixtral", "MixtralForCausalLM"),
+            Family::DeepSeek2 => ("deepseek_v3", "DeepseekV3ForCausalLM"),
         }
     }
 }
@@ -127,6 +133,37 @@ const MIXTRAL: Names = Names {
     ],
 };
 
+const DEEPSEEK2: Names = Names {
+    one: &[
+        ("attn_norm", "input_layernorm"),
+        ("attn_q", "self_attn.q_proj"),
+        ("attn_q_a", "self_attn.q_a_proj"),
+        ("attn_q_a_norm", "self_attn.q_a_layernorm"),
+        ("attn_q_b", "self_attn.q_b_proj"),
+        ("attn_kv_a_mqa", "self_attn.kv_a_proj_with_mqa"),
+        ("attn_kv_a_norm", "self_attn.kv_a_layernorm"),
+        ("attn_kv_b", "self_attn.kv_b_proj"),
+        ("attn_k_b", "self_attn.k_b_proj"),
+        ("attn_v_b", "self_attn.v_b_proj"),
+        ("attn_output", "self_attn.o_proj"),
+        ("ffn_norm", "post_attention_layernorm"),
+        ("ffn_gate", "mlp.gate_proj"),
+        ("ffn_up", "mlp.up_proj"),
+        ("ffn_down", "mlp.down_proj"),
+        ("ffn_gate_shexp", "mlp.shared_experts.gate_proj"),
+        ("ffn_up_shexp", "mlp.shared_experts.up_proj"),
+        ("ffn_down_shexp", "mlp.shared_experts.down_proj"),
+    ],
+    experts: &[
+        ("ffn_gate_exps", "mlp.experts", "gate_proj"),
+        ("ffn_up_exps", "mlp.experts", "up_proj"),
+        ("ffn_down_exps", "mlp.experts", "down_proj"),
+    ],
+};
+
+/// `blk.L.exp_probs_b.bias`, the routing's correction bias, under its Hugging Face name.
+const CORRECTION_BIAS: (&str, &str) = ("exp_probs_b.bias", "mlp.gate.e_score_correction_bias");
+
 /// The router, whose Hugging Face name differs between families.
 fn router(names: &Names) -> &'static str {
     match names.experts[0].1 {
@@ -159,6 +196,9 @@ impl Names {
         }
         let rest = hf.strip_prefix("model.layers.")?;
         let (layer, rest) = rest.split_once('.')?;
+        if rest == CORRECTION_BIAS.1 {
+            return Some(format!("blk.{layer}.{}", CORRECTION_BIAS.0));
+        }
         let (base, kind) = rest.rsplit_once('.')?;
         for (stem, prefix, proj) in self.experts {
             if let Some((e, p)) = base
@@ -192,6 +232,9 @@ fn hf_entries(names: &Names, t: &GgufTensor) -> Option<Vec<HfEntry>> {
     let layer: usize = layer.parse().ok()?;
     let (stem, kind) = rest.rsplit_once('.')?;
     let p = format!("model.layers.{layer}");
+    if rest == CORRECTION_BIAS.0 {
+        return whole(&format!("{p}.{}", CORRECTION_BIAS.1));
+    }
     if let Some(hf) = names.one(stem) {
         return whole(&format!("{p}.{hf}.{kind}"));
     }
@@ -290,6 +333,11 @@ fn config(g: &Gguf, arch: &str, family: Family, tensors: &HashMap<String, Tensor
             set("num_local_experts", json!(experts));
             set("rope_interleaved", json!(true));
         }
+        Family::DeepSeek2 => {
+            for (k, v) in deepseek2(g, arch, experts, tensors)? {
+                set(k, v);
+            }
+        }
     }
     set(
         "tie_word_embeddings",
@@ -306,6 +354,82 @@ fn config(g: &Gguf, arch: &str, family: Family, tensors: &HashMap<String, Tensor
     Ok(Json::Object(c))
 }
 
+/// DeepSeek-V3's own keys: MLA's ranks and head sizes, the routing.
+fn deepseek2(
+    g: &Gguf,
+    arch: &str,
+    experts: usize,
+    tensors: &HashMap<String, TensorEntry>,
+) -> Result<Vec<(&'static str, Json)>> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let rope = g.usize(&key("rope.dimension_count"))?;
+    // Newer conversions give the latent sizes in `key_length`/`value_length` and the heads' in
+    // the `_mla` keys; older ones the heads' in `key_length`/`value_length`.
+    let qk = match g.opt_usize(&key("attention.key_length_mla"))? {
+        Some(n) => n,
+        None => g.usize(&key("attention.key_length"))?,
+    };
+    let v = match g.opt_usize(&key("attention.value_length_mla"))? {
+        Some(n) => n,
+        None => g.usize(&key("attention.value_length"))?,
+    };
+    if qk <= rope {
+        return Err(g.key_error(
+            &key("attention.key_length_mla"),
+            format!("{qk} leaves no room beside the {rope} rotary dims"),
+        ));
+    }
+    let scoring = match g.opt_usize(&key("expert_gating_func"))? {
+        None | Some(1) => "softmax",
+        Some(2) => "sigmoid",
+        Some(n) => {
+            return Err(g.key_error(&key("expert_gating_func"), format!("unknown gating function {n}")))
+        }
+    };
+    let biased = tensors.keys().any(|k| k.ends_with(CORRECTION_BIAS.1));
+    let q_lora = g.opt_usize(&key("attention.q_lora_rank"))?.filter(|&r| r > 0);
+    let mut out = vec![
+        ("q_lora_rank", json!(q_lora)),
+        ("kv_lora_rank", json!(g.usize(&key("attention.kv_lora_rank"))?)),
+        ("qk_nope_head_dim", json!(qk - rope)),
+        ("qk_rope_head_dim", json!(rope)),
+        ("v_head_dim", json!(v)),
+        ("n_routed_experts", json!(experts)),
+        (
+            "moe_intermediate_size",
+            json!(g.usize(&key("expert_feed_forward_length"))?),
+        ),
+        (
+            "n_shared_experts",
+            json!(g.opt_usize(&key("expert_shared_count"))?.unwrap_or(0)),
+        ),
+        (
+            "first_k_dense_replace",
+            json!(g.opt_usize(&key("leading_dense_block_count"))?.unwrap_or(0)),
+        ),
+        (
+            "routed_scaling_factor",
+            json!(g.opt_f64(&key("expert_weights_scale"))?.unwrap_or(1.0)),
+        ),
+        (
+            "n_group",
+            json!(g.opt_usize(&key("expert_group_count"))?.unwrap_or(1)),
+        ),
+        (
+            "topk_group",
+            json!(g.opt_usize(&key("expert_group_used_count"))?.unwrap_or(1)),
+        ),
+        ("scoring_func", json!(scoring)),
+        ("topk_method", json!(if biased { "noaux_tc" } else { "greedy" })),
+    ];
+    let norm = g
+        .get(&key("expert_weights_norm"))
+        .and_then(|v| v.as_bool())
+        .unwrap_or(false);
+    out.push(("norm_topk_prob", json!(norm)));
+    Ok(out)
+}
+
 /// `rope_scaling` from `ARCH.rope.scaling.*` (none, or YaRN as the family reads it).
 fn rope_scaling(g: &Gguf, arch: &str) -> Result<Option<Json>> {
     let key = |k: &str| format!("{arch}.rope.scaling.{k}");
@@ -314,12 +438,25 @@ fn rope_scaling(g: &Gguf, arch: &str) -> Result<Option<Json>> {
         Some("yarn") => {
             let factor = g.opt_f64(&key("factor"))?.unwrap_or(1.0);
             let original = g.usize(&key("original_context_length"))?;
-            Ok(Some(json!({
+            let mut yarn = json!({
                 "rope_type": "yarn",
                 "type": "yarn",
                 "factor": factor,
                 "original_max_position_embeddings": original,
-            })))
+            });
+            // llama.cpp's converter writes DeepSeek's mscale_all_dim as 0.1 x it (mscale alike).
+            if let Some(log_mul) = g.opt_f64(&key("yarn_log_multiplier"))? {
+                // In f32, as it was stored: 0.1 x 1.0 comes back as exactly 1.0.
+                let mscale = (log_mul as f32 / 0.1f32) as f64;
+                yarn["mscale"] = json!(mscale);
+                yarn["mscale_all_dim"] = json!(mscale);
+            }
+            for (gguf_key, hf_key) in [("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")] {
+                if let Some(b) = g.opt_f64(&key(gguf_key))? {
+                    yarn[hf_key] = json!(b);
+                }
+            }
+            Ok(Some(yarn))
         }
         Some(other) => Err(g.key_error(
             &key("type"),

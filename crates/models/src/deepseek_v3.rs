@@ -176,12 +176,7 @@ pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, loading: &Loading) -> Result<Bo
                     c.hidden,
                 )?,
                 kv_a_norm: load_vector(ckpt, &format!("{a}.kv_a_layernorm.weight"), c.kv_lora)?,
-                kv_b: load_linear(
-                    ckpt,
-                    &format!("{a}.kv_b_proj"),
-                    c.n_heads * (c.nope + c.v),
-                    c.kv_lora,
-                )?,
+                kv_b: strata_weights::load_kv_b(ckpt, &a, c.n_heads, c.nope, c.v, c.kv_lora)?,
                 o: load_linear(ckpt, &format!("{a}.o_proj"), c.hidden, c.n_heads * c.v)?,
                 gate: None,
                 n_heads: c.n_heads,

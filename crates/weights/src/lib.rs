@@ -7,6 +7,8 @@
 
 mod expert;
 mod linear;
+mod mla_split;
 
 pub use expert::{Expert, ExpertLayout};
 pub use linear::{load_linear, load_vector, resolve_linear, LinearFormat, LinearSpec};
+pub use mla_split::load_kv_b;

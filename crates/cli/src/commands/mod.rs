@@ -79,10 +79,10 @@ enum Command {
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArg {
     /// Model: a local folder (Hugging Face layout: config.json, *.safetensors, tokenizer files),
-    /// a local GGUF file (the first file of a split one; Qwen3-MoE and Mixtral with F32/F16/BF16
-    /// weights so far), `hf://ORG/NAME[@REVISION]`, or an `http(s)://` folder URL. Remote models are read
-    /// with one Range request per missing run into a local cache. Default: the embedded demo
-    /// model.
+    /// a local GGUF file (the first file of a split one; Qwen3-MoE, DeepSeek-V3/Kimi K2 and
+    /// Mixtral with F32/F16/BF16 weights so far), `hf://ORG/NAME[@REVISION]`, or an `http(s)://`
+    /// folder URL. Remote models are read with one Range request per missing run into a local
+    /// cache. Default: the embedded demo model.
     #[arg(long, short = 'm', value_name = "DIR|FILE.gguf|hf://ORG/NAME|URL")]
     model: Option<String>,
     /// Cache for remote models. Default: $XDG_CACHE_HOME/strata or ~/.cache/strata.
