@@ -43,6 +43,14 @@ OUTTYPES = {
     "f32": gguf.GGMLQuantizationType.F32,
     "f16": gguf.GGMLQuantizationType.F16,
     "bf16": gguf.GGMLQuantizationType.BF16,
+    "q8_0": gguf.GGMLQuantizationType.Q8_0,
+}
+
+FILE_TYPES = {
+    "f32": gguf.LlamaFileType.ALL_F32,
+    "f16": gguf.LlamaFileType.MOSTLY_F16,
+    "bf16": gguf.LlamaFileType.MOSTLY_BF16,
+    "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
 }
 
 
@@ -106,7 +114,34 @@ def tensor_type(gguf_name, array, outtype):
     """llama.cpp keeps 1-D tensors (norms, biases) and the routers in F32."""
     if array.ndim == 1 or gguf_name.endswith(("ffn_gate_inp.weight", "exp_probs_b.bias")):
         return gguf.GGMLQuantizationType.F32
+    block, _ = gguf.GGML_QUANT_SIZES[outtype]
+    if array.shape[-1] % block:
+        return gguf.GGMLQuantizationType.F16  # as llama.cpp does for rows off the block size
     return outtype
+
+
+def write_safetensors(path, tensors):
+    """name -> float32 array, as one F32 safetensors file."""
+    header, offset = {}, 0
+    for name, a in tensors.items():
+        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
+        offset += a.nbytes
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for a in tensors.values():
+            f.write(np.ascontiguousarray(a, dtype=np.float32).tobytes())
+
+
+def dequantized_copy(folder, out, arrays):
+    """The folder with its weights replaced by what the GGUF holds, dequantized by `gguf` (F32)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for f in folder.iterdir():
+        if f.is_file() and not f.name.endswith(".safetensors") and f.name not in ("model.safetensors.index.json", "golden.json"):
+            (out / f.name).write_bytes(f.read_bytes())
+    write_safetensors(out / "model.safetensors", arrays)
 
 
 def add_placeholder_vocab(w, cfg):
@@ -227,6 +262,21 @@ def split_kv_b(array, cfg):
     return np.ascontiguousarray(kv_b[:, :nope, :].transpose(0, 2, 1)), np.ascontiguousarray(kv_b[:, nope:, :])
 
 
+def back_to_hf(hf_name, stored, cfg, arch, gguf_name):
+    """The Hugging Face tensors a written tensor came from (undoing the stacking and the
+    permutation; split kv_b halves are joined by the caller)."""
+    if arch == gguf.MODEL_ARCH.LLAMA and gguf_name.endswith(("attn_q.weight", "attn_k.weight")):
+        heads = cfg["num_attention_heads"] if gguf_name.endswith("attn_q.weight") else cfg["num_key_value_heads"]
+        rows = stored.shape[0]
+        stored = stored.reshape(heads, rows // heads // 2, 2, *stored.shape[1:]).swapaxes(1, 2).reshape(stored.shape)
+    if hf_name.endswith("e_score_correction.bias"):
+        hf_name = hf_name.replace("e_score_correction.bias", "e_score_correction_bias")
+    m = re.match(r"^(.*\.experts)\.(\w+)\.weight$", hf_name)
+    if m and "shared_experts" not in hf_name:
+        return [(f"{m.group(1)}.{e}.{m.group(2)}.weight", stored[e]) for e in range(stored.shape[0])]
+    return [(hf_name, stored)]
+
+
 def hf_tensors(folder, cfg, arch, whole_kv_b):
     """(name, array, source dtype) in the order written, with the renames llama.cpp makes."""
     for hf_name, (array, source) in sorted(stack_experts(read_tensors(folder)).items()):
@@ -246,6 +296,11 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--outtype", choices=sorted(OUTTYPES), default="bf16")
     ap.add_argument(
+        "--dequantized-copy",
+        metavar="DIR",
+        help="also write the model folder with F32 weights equal to what the GGUF stores (gguf's dequantize)",
+    )
+    ap.add_argument(
         "--whole-kv-b",
         action="store_true",
         help="DeepSeek: keep kv_b_proj whole (older conversions) instead of k_b and v_b",
@@ -262,17 +317,14 @@ def main():
     w = gguf.GGUFWriter(args.out, gguf.MODEL_ARCH_NAMES[arch])
     w.add_name(folder.name)
     add_hparams(w, cfg, arch)
-    w.add_file_type(
-        {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16, "bf16": gguf.LlamaFileType.MOSTLY_BF16}[
-            args.outtype
-        ]
-    )
+    w.add_file_type(FILE_TYPES[args.outtype])
     if (folder / "tokenizer.json").exists():
         add_vocab(w, folder, cfg["vocab_size"])
     else:
         add_placeholder_vocab(w, cfg)
 
     outtype = OUTTYPES[args.outtype]
+    dequantized = {}
     for hf_name, array, source in hf_tensors(folder, cfg, arch, args.whole_kv_b):
         base = hf_name.removesuffix(".weight").removesuffix(".bias")
         suffix = hf_name[len(base) :]
@@ -289,11 +341,23 @@ def main():
         else:
             data = gguf.quants.quantize(np.ascontiguousarray(as_f32(array, source)), ty)
         w.add_tensor(name, data, raw_dtype=ty)
+        if args.dequantized_copy:
+            stored = gguf.quants.dequantize(data, ty).reshape(array.shape)
+            for hf, a in back_to_hf(hf_name, stored, cfg, arch, name):
+                dequantized[hf] = a
 
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file(progress=True)
     w.close()
+    if args.dequantized_copy:
+        k_b = {n: a for n, a in dequantized.items() if n.endswith("k_b_proj.weight")}
+        for n, a in k_b.items():
+            v_b = dequantized.pop(n.replace("k_b_proj", "v_b_proj"))
+            dequantized.pop(n)
+            kv_b = np.concatenate([a.transpose(0, 2, 1), v_b], axis=1)
+            dequantized[n.replace("k_b_proj", "kv_b_proj")] = kv_b.reshape(-1, kv_b.shape[-1])
+        dequantized_copy(folder, Path(args.dequantized_copy), dequantized)
 
 
 if __name__ == "__main__":

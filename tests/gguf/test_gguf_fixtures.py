@@ -137,3 +137,35 @@ def test_the_gguf_tokenizer_and_template_match_the_goldens(gguf_model, tmp_path)
         out = strata(*args)
         assert out["text"] == case["rendered"], f"chat case {n}"
         assert out["ids"] == case["ids"], f"chat case {n}"
+
+
+# Quantized GGUF types: strata's logits on the GGUF against strata's logits on the safetensors
+# copy the converter writes from `gguf`'s own `dequantize` (the same weights in F32), so each
+# block type's decoding is checked against an independent implementation. The two runs differ
+# only in the order of f32 sums: a bound of 1e-5 of the largest logit (measured: 3e-7).
+QUANTIZED = ("q8_0",)
+SUM_TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module", params=[(d, t) for d in FIXTURES for t in QUANTIZED],
+                ids=lambda p: f"{p[0].name}-{p[1]}")
+def quantized_model(request, tmp_path_factory):
+    folder, outtype = request.param
+    tmp = tmp_path_factory.mktemp("gguf-q")
+    out, copy = tmp / f"{folder.name}-{outtype}.gguf", tmp / "dequantized"
+    cmd = [sys.executable, str(CONVERTER), str(folder), str(out), "--outtype", outtype, "--dequantized-copy", copy]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return folder, out, copy, json.loads((folder / "golden.json").read_text())
+
+
+def test_quantized_logits_equal_the_dequantized_copy(quantized_model):
+    folder, model, copy, g = quantized_model
+    for p, prompt in enumerate(g["prompts"]):
+        ids = csv(prompt["ids"])
+        got = strata("logits", "--model", model, "--ids", ids)
+        want = strata("logits", "--model", copy, "--ids", ids)
+        absmax = max(abs(v) for v in want["last_logits"])
+        worst = max(abs(a - b) for a, b in zip(got["last_logits"], want["last_logits"]))
+        assert worst <= SUM_TOLERANCE * absmax, f"{folder.name} prompt {p}: {worst} > {SUM_TOLERANCE} x {absmax}"
+        # And the quantized model still answers as the fixture's (a loose check: Q8_0's own error).
+        assert len(got["argmax"]) == len(prompt["ids"])

@@ -16,6 +16,9 @@ pub enum DType {
     I8,
     U8,
     Bool,
+    /// GGUF's Q8_0 (blocks of 32 weights in 34 bytes: an F16 scale, 32 signed bytes); GGUF
+    /// files only.
+    Q8_0,
 }
 
 impl DType {
@@ -37,8 +40,10 @@ impl DType {
         })
     }
 
+    /// Bytes per element (for a block type, [`DType::block`]: bytes per block).
     pub fn size(self) -> usize {
         match self {
+            DType::Q8_0 => 34,
             DType::F64 | DType::I64 => 8,
             DType::F32 | DType::I32 => 4,
             DType::F16 | DType::BF16 | DType::I16 => 2,
@@ -60,6 +65,17 @@ impl DType {
             DType::I8 => "I8",
             DType::U8 => "U8",
             DType::Bool => "BOOL",
+            DType::Q8_0 => "Q8_0",
+        }
+    }
+}
+
+impl DType {
+    /// Elements per block of a block type (Q8_0: 32); 1 otherwise.
+    pub fn block(self) -> usize {
+        match self {
+            DType::Q8_0 => 32,
+            _ => 1,
         }
     }
 }

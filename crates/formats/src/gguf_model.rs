@@ -88,6 +88,7 @@ fn dtype(ty: GgmlType) -> Option<DType> {
         GgmlType::F32 => Some(DType::F32),
         GgmlType::F16 => Some(DType::F16),
         GgmlType::BF16 => Some(DType::BF16),
+        GgmlType::Q8_0 => Some(DType::Q8_0),
         _ => None,
     }
 }
@@ -265,7 +266,7 @@ fn index(g: &Gguf, names: &Names) -> Result<HashMap<String, TensorEntry>> {
             path: g.paths[t.file].clone(),
             tensor: t.name.clone(),
             reason: format!(
-                "weight type {} is not supported yet (supported: F32, F16, BF16)",
+                "weight type {} is not supported yet (supported: F32, F16, BF16, Q8_0)",
                 t.ty
             ),
         })?;

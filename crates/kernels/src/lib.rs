@@ -27,7 +27,9 @@ pub mod neon;
 #[cfg(target_arch = "aarch64")]
 pub mod neon_intdot;
 pub mod offload;
+pub mod q8_0;
 pub mod storage;
+mod weight_data;
 
 pub use linear::{u16_vec_from_bytes, weight_bytes_touched, Linear, Prepared, WeightData};
 pub use storage::{Owner, Pod, Storage};

@@ -74,7 +74,15 @@ fn formats(rng: &mut Rand, out: usize, inp: usize) -> Vec<Linear> {
         .collect();
     let i8w: Vec<i8> = (0..out * inp).map(|_| rng.next() as i8).collect();
     let i8s: Vec<f32> = (0..out).map(|_| rng.f32() * 1e-2).collect();
-    vec![
+    // GGUF Q8_0 where rows are whole blocks of 32: an F16 scale, then 32 signed bytes.
+    let q8_0: Vec<u8> = (0..out * inp / 32)
+        .flat_map(|_| {
+            let d = half::f16::from_f32(rng.f32() * 1e-2).to_bits().to_le_bytes();
+            let q: Vec<u8> = (0..32).map(|_| rng.next() as u8).collect();
+            d.into_iter().chain(q)
+        })
+        .collect();
+    let mut all = vec![
         Linear::new(out, inp, WeightData::F32(dense.into())),
         Linear::new(out, inp, WeightData::Bf16(bf16.into())),
         Linear::new(out, inp, WeightData::F16(f16.into())),
@@ -112,7 +120,11 @@ fn formats(rng: &mut Rand, out: usize, inp: usize) -> Vec<Linear> {
                 scales: i8s.into(),
             },
         ),
-    ]
+    ];
+    if inp.is_multiple_of(32) {
+        all.push(Linear::new(out, inp, WeightData::Q8_0 { blocks: q8_0.into() }));
+    }
+    all
 }
 
 #[test]
@@ -581,8 +593,10 @@ fn the_vnni_step_gives_the_avx2_bits() {
         return;
     }
     let mut rng = Rand(0x0DEF_2026_1201_0004);
-    for case in 0..200 {
-        let (rows, tokens) = (1 + rng.below(6), 1 + rng.below(6));
+    for case in 0..300 {
+        // One token (decode) in half the cases.
+        let rows = 1 + rng.below(11);
+        let tokens = if case % 2 == 0 { 1 } else { 1 + rng.below(6) };
         let n = intdot::BLOCK * (1 + rng.below(16));
         let acts: Vec<intdot::IntAct> = (0..tokens)
             .map(|_| {

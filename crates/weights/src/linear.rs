@@ -9,6 +9,7 @@
 //! | `weight` I8 + `weight_scale` | INT8 per row |
 //! | `weight_packed` I32 + `weight_scale` BF16 (+ `weight_shape`) | INT4 pack-quantized |
 //! | `weight_packed` U8 + `weight_scale` U8 | MXFP4 |
+//! | `weight` Q8_0 (GGUF) | Q8_0 |
 //!
 //! Resolving (names, shapes, dtypes: all checks) is apart from building (bytes -> [`Linear`]), so
 //! the expert store can resolve every expert at load time and read its bytes later, its own way.
@@ -33,6 +34,8 @@ pub enum LinearFormat {
     Int4 { group: usize },
     /// `weight_packed` U8 + `weight_scale` U8.
     Mxfp4,
+    /// `weight` Q8_0 (a GGUF file's blocks).
+    Q8_0,
 }
 
 /// A linear layer resolved against the checkpoint: its format and the tensors that hold it, in
@@ -88,6 +91,7 @@ pub fn resolve_linear(ckpt: &Checkpoint, base: &str, out_dim: usize, in_dim: usi
         ckpt.expect(&weight, &[out_dim, in_dim], &[])?;
         return match dtype {
             DType::BF16 | DType::F16 | DType::F32 => Ok(spec(LinearFormat::Dense(dtype), vec![weight])),
+            DType::Q8_0 => Ok(spec(LinearFormat::Q8_0, vec![weight])),
             DType::F8E4M3 => {
                 let block = ckpt.quantization().map_or((128, 128), |q| q.fp8_block);
                 let scale = format!("{base}.weight_scale_inv");
@@ -268,6 +272,9 @@ impl LinearSpec {
             LinearFormat::Mxfp4 => WeightData::Mxfp4 {
                 packed: view!(bytes[0]).unwrap_or_else(|| bytes[0].to_vec().into()),
                 scales: view!(bytes[1]).unwrap_or_else(|| bytes[1].to_vec().into()),
+            },
+            LinearFormat::Q8_0 => WeightData::Q8_0 {
+                blocks: view!(bytes[0]).unwrap_or_else(|| bytes[0].to_vec().into()),
             },
         };
         data.check_shape(self.out_dim, self.in_dim)

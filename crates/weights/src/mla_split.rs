@@ -1,7 +1,8 @@
 //! DeepSeek's `kv_b_proj` as newer GGUF conversions store it: split per head into `k_b` (the key
 //! part, transposed: `[heads, kv_lora, nope]`) and `v_b` (`[heads, v, kv_lora]`). The attention
 //! reads one `kv_b` (`[heads * (nope + v), kv_lora]`, each head's key rows then its value rows),
-//! so the two are put back together, element for element, in their stored 16- or 32-bit format.
+//! so the two are put back together, element for element, in their stored 16- or 32-bit format
+//! (Q8_0 blocks, which run along the other axis, as their f32 values).
 
 use strata_formats::{Checkpoint, DType, FormatError};
 use strata_kernels::{Linear, WeightData};
@@ -28,7 +29,7 @@ pub fn load_kv_b(
     if ckpt.contains(&format!("{whole}.weight")) || !ckpt.contains(&k_name) {
         return load_linear(ckpt, &whole, heads * (nope + v), kv_lora);
     }
-    let dtypes = [DType::F32, DType::BF16, DType::F16];
+    let dtypes = [DType::F32, DType::BF16, DType::F16, DType::Q8_0];
     let dtype = ckpt.expect(&k_name, &[heads, kv_lora, nope], &dtypes)?.info.dtype;
     let v_entry = ckpt.expect(&v_name, &[heads, v, kv_lora], &[dtype]);
     v_entry.map_err(|e| FormatError::BadTensor {
@@ -36,7 +37,15 @@ pub fn load_kv_b(
         tensor: v_name.clone(),
         reason: format!("must be {dtype} [{heads}, {v}, {kv_lora}] beside `{k_name}`: {e}"),
     })?;
-    let (k_b, v_b) = (ckpt.read_bytes(&k_name)?, ckpt.read_bytes(&v_name)?);
+    let (mut k_b, mut v_b) = (ckpt.read_bytes(&k_name)?, ckpt.read_bytes(&v_name)?);
+    let dtype = if dtype == DType::Q8_0 {
+        // Blocks run along k_b's rows, not kv_b's: decoded to f32 (exactly its values).
+        k_b = q8_0_to_f32_bytes(&k_b, nope);
+        v_b = q8_0_to_f32_bytes(&v_b, kv_lora);
+        DType::F32
+    } else {
+        dtype
+    };
     let kv_b = interleave(&k_b, &v_b, dtype.size(), heads, nope, v, kv_lora);
     let u16s = |b: &[u8]| {
         b.chunks_exact(2)
@@ -54,6 +63,15 @@ pub fn load_kv_b(
         _ => WeightData::F16(u16s(&kv_b).into()),
     };
     Ok(Linear::new(heads * (nope + v), kv_lora, data))
+}
+
+/// Q8_0 rows of `n` weights as little-endian f32 bytes.
+fn q8_0_to_f32_bytes(blocks: &[u8], n: usize) -> Vec<u8> {
+    let rb = strata_kernels::q8_0::row_bytes(n);
+    blocks
+        .chunks_exact(rb)
+        .flat_map(|row| (0..n).flat_map(move |j| strata_kernels::q8_0::weight(row, j).to_le_bytes()))
+        .collect()
 }
 
 /// Each head's rows: the key part (k_b's columns as rows), then v_b's rows; `es` bytes each.
