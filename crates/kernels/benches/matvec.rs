@@ -82,6 +82,15 @@ fn make(format: &str, out: usize, inp: usize, rng: &mut Rand) -> Linear {
             w: (0..n).map(|_| rng.next() as i8).collect(),
             scales: (0..out).map(|_| rng.f32()).collect(),
         },
+        "Q8_0" => WeightData::Q8_0 {
+            blocks: (0..n / 32)
+                .flat_map(|_| {
+                    let d = half::f16::from_f32(rng.f32() * 1e-2).to_bits().to_le_bytes();
+                    let q: Vec<u8> = (0..32).map(|_| rng.next() as u8).collect();
+                    d.into_iter().chain(q)
+                })
+                .collect(),
+        },
         "F32" => WeightData::F32((0..n).map(|_| rng.f32()).collect()),
         other => panic!("unknown format {other}"),
     };
@@ -202,7 +211,7 @@ fn prompt_products(filter: Option<&str>, tokens: usize, shapes: &[(&str, usize, 
         "format", "shape (out x in)", "MiB/matrix", "1 token us", "per token us", "speedup"
     );
     let mut rng = Rand(0x0dd_ba11_5eed_0001);
-    for format in ["BF16", "FP8", "INT4", "MXFP4", "INT8"] {
+    for format in ["BF16", "FP8", "INT4", "MXFP4", "INT8", "Q8_0"] {
         for &(label, out, inp) in shapes {
             let name = format!("{format} {label}");
             if filter.is_some_and(|f| !name.contains(f)) {
@@ -281,7 +290,7 @@ fn main() {
         "prepare us"
     );
     let mut rng = Rand(0x1234_5678_9ABC_DEF1);
-    for format in ["BF16", "FP8", "INT4", "MXFP4", "INT8"] {
+    for format in ["BF16", "FP8", "INT4", "MXFP4", "INT8", "Q8_0"] {
         for &(label, out, inp) in shapes {
             let name = format!("{format} {label}");
             if filter.as_ref().is_some_and(|f| !name.contains(f.as_str())) {

@@ -120,12 +120,59 @@ pub fn parse_size(text: &str) -> Result<usize, String> {
     Ok((value * mult) as usize)
 }
 
-/// MemAvailable from /proc/meminfo, if readable.
+/// The memory this process may still take: MemAvailable from /proc/meminfo, or less where its
+/// memory cgroup (a container, a `systemd-run -p MemoryMax=`, a cgroup cap) leaves less.
 pub fn available_memory() -> Option<usize> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    let host = kib * 1024;
+    Some(cgroup_memory_left().map_or(host, |left| left.min(host)))
+}
+
+/// Limit minus usage of this process's memory cgroup (v2 `memory.max`/`memory.current`, v1
+/// `memory.limit_in_bytes`/`memory.usage_in_bytes`), when it has a limit.
+fn cgroup_memory_left() -> Option<usize> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let read = |p: std::path::PathBuf| std::fs::read_to_string(p).ok();
+    let (limit, usage) = match cgroup_path(&own)? {
+        (true, path) => {
+            let dir = std::path::Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'));
+            (read(dir.join("memory.max"))?, read(dir.join("memory.current"))?)
+        }
+        (false, path) => {
+            let dir = std::path::Path::new("/sys/fs/cgroup/memory").join(path.trim_start_matches('/'));
+            (
+                read(dir.join("memory.limit_in_bytes"))?,
+                read(dir.join("memory.usage_in_bytes"))?,
+            )
+        }
+    };
+    memory_left(&limit, &usage)
+}
+
+/// (cgroup v2, path) of the memory cgroup in a `/proc/self/cgroup` text: v1's `N:memory:/path`
+/// (or a line naming memory among its controllers) first, else v2's `0::/path`.
+fn cgroup_path(text: &str) -> Option<(bool, &str)> {
+    let mut v2 = None;
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        if controllers.split(',').any(|c| c == "memory") {
+            return Some((false, path));
+        }
+        if controllers.is_empty() {
+            v2 = Some((true, path));
+        }
+    }
+    v2
+}
+
+/// What a limit leaves above the usage; `None` for no limit (`max`, or v1's huge number).
+fn memory_left(limit: &str, usage: &str) -> Option<usize> {
+    let limit: u64 = limit.trim().parse().ok()?;
+    let usage: u64 = usage.trim().parse().ok()?;
+    (limit < 1 << 60).then(|| limit.saturating_sub(usage) as usize)
 }
 
 pub struct Engine {
@@ -407,5 +454,23 @@ fn finish_warming(store: &CachedStore) {
             "[strata] expert cache: {:.2} GiB of read buffers faulted in as the model loaded ({waited:.1} s after the rest)",
             bytes as f64 / (1u64 << 30) as f64
         );
+    }
+}
+
+#[cfg(test)]
+mod cgroup_tests {
+    #[test]
+    fn the_memory_cgroup_is_found_and_its_room_read() {
+        let v1 = "12:pids:/\n9:cpuset:/\n4:memory:/user/capped\n0::/";
+        assert_eq!(super::cgroup_path(v1), Some((false, "/user/capped")));
+        assert_eq!(
+            super::cgroup_path("0::/system.slice/x.service\n"),
+            Some((true, "/system.slice/x.service"))
+        );
+        assert_eq!(super::cgroup_path("5:cpu,memory:/a\n"), Some((false, "/a")));
+        assert_eq!(super::memory_left("2147483648\n", "1073741824\n"), Some(1 << 30));
+        assert_eq!(super::memory_left("max\n", "5"), None);
+        assert_eq!(super::memory_left("9223372036854771712", "5"), None);
+        assert_eq!(super::memory_left("100", "300"), Some(0));
     }
 }
