@@ -102,3 +102,63 @@ fn a_truncated_gguf_is_named() {
     std::fs::write(&path, &bytes[..40]).unwrap();
     expect_error(&path, &["cut.gguf", "not a valid GGUF file"]);
 }
+
+/// The tensors of `qwen3moe()`'s one layer (vocabulary of 8), F32, small values.
+fn qwen3moe_tensors(w: &mut GgufWriter) {
+    let f32s = |n: u64| -> Vec<u8> {
+        (0..n)
+            .flat_map(|i| ((i % 7) as f32 * 0.01).to_le_bytes())
+            .collect()
+    };
+    let mut t = |name: &str, dims: &[u64]| {
+        let n: u64 = dims.iter().product();
+        w.tensor(name, dims, GgmlType::F32, f32s(n));
+    };
+    t("token_embd.weight", &[64, 8]);
+    t("output_norm.weight", &[64]);
+    t("output.weight", &[64, 8]);
+    t("blk.0.attn_norm.weight", &[64]);
+    t("blk.0.attn_q.weight", &[64, 64]);
+    t("blk.0.attn_k.weight", &[64, 32]);
+    t("blk.0.attn_v.weight", &[64, 32]);
+    t("blk.0.attn_output.weight", &[64, 64]);
+    t("blk.0.attn_q_norm.weight", &[32]);
+    t("blk.0.attn_k_norm.weight", &[32]);
+    t("blk.0.ffn_norm.weight", &[64]);
+    t("blk.0.ffn_gate_inp.weight", &[64, 2]);
+    t("blk.0.ffn_gate_exps.weight", &[64, 32, 2]);
+    t("blk.0.ffn_up_exps.weight", &[64, 32, 2]);
+    t("blk.0.ffn_down_exps.weight", &[32, 64, 2]);
+}
+
+#[test]
+fn a_vocabulary_not_supported_yet_leaves_token_ids_working() {
+    let path = tmp("vocab.gguf");
+    let mut w = qwen3moe();
+    w.kv("qwen3moe.attention.key_length", Value::U32(32));
+    w.kv("tokenizer.ggml.model", Value::String("llama".into()));
+    qwen3moe_tensors(&mut w);
+    w.write(&path).unwrap();
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_strata"))
+            .args(args)
+            .args(["--model", path.to_str().unwrap()])
+            .output()
+            .unwrap()
+    };
+    let out = run(&["logits", "--ids", "1,2,3"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("vocabulary type `llama` is not supported yet"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("token ids only"), "{stderr}");
+    let out = run(&["tokenize", "--text", "hi"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("vocab.gguf") && stderr.contains("`llama`"),
+        "{stderr}"
+    );
+}

@@ -317,14 +317,24 @@ impl Engine {
         })
     }
 
-    /// The tokenizer of a model folder, if it has one.
+    /// The tokenizer of a model folder, if it has one. A GGUF file whose vocabulary strata cannot
+    /// rebuild yet (another vocabulary type or pre-tokenizer) still runs on token ids: the reason
+    /// is logged as a warning, and text commands then say that the model has no tokenizer.
     pub fn tokenizer_of(dir: &Path) -> Result<Option<Tokenizer>, EngineError> {
-        let gguf_vocab = || {
-            strata_formats::gguf::is_gguf(dir)
-                && strata_formats::gguf::Gguf::open(dir)
-                    .is_ok_and(|g| strata_tokenizer::gguf::has_tokenizer(&g))
-        };
-        if dir.join("tokenizer.json").exists() || dir.join("tiktoken.model").exists() || gguf_vocab() {
+        if strata_formats::gguf::is_gguf(dir) {
+            let g = strata_formats::gguf::Gguf::open(dir)?;
+            if !strata_tokenizer::gguf::has_tokenizer(&g) {
+                return Ok(None);
+            }
+            return Ok(match strata_tokenizer::gguf::from_gguf(&g) {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    tracing::warn!("{e}; the model runs on token ids only (--ids)");
+                    None
+                }
+            });
+        }
+        if dir.join("tokenizer.json").exists() || dir.join("tiktoken.model").exists() {
             Ok(Some(Tokenizer::from_dir(dir)?))
         } else {
             Ok(None)
