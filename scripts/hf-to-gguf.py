@@ -10,7 +10,9 @@ one of a model `strata synth` wrote, to run llama.cpp and strata side by side on
 bytes (BF16 stays BF16; a folder without `tokenizer.json` gets a placeholder vocabulary, one token
 per id, enough for `llama-bench`).
 
-Usage: python3 scripts/hf-to-gguf.py MODEL_DIR OUT.gguf [--outtype f32|f16|bf16]
+Usage: python3 scripts/hf-to-gguf.py MODEL_DIR OUT.gguf [--outtype f32|f16|bf16|q8_0|q4_k|...]
+(the quantized types by `gguf` or, for those it cannot write, `gguf_quants.py`'s one-pass
+quantizers: valid blocks for tests and benchmarks, not llama.cpp's quality).
 Needs `gguf` and `numpy` (tests/gguf/requirements.txt).
 """
 
@@ -24,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 import gguf
+import gguf_quants
 
 # Hugging Face `model_type` -> (GGUF architecture, llama.cpp's pre-tokenizer name).
 ARCHES = {
@@ -39,19 +42,34 @@ PRE_TOKENIZERS = {
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "llama-bpe",
 }
 
+Q = gguf.GGMLQuantizationType
+F = gguf.LlamaFileType
+# --outtype -> (the type of the matrices, the file type recorded). q4_k_m is a Q4_K_M-like mix:
+# Q6_K for attn_v, every ffn_down and the output matrix, Q4_K for the others (llama.cpp's own
+# mix gives Q6_K to only some layers' ffn_down).
 OUTTYPES = {
-    "f32": gguf.GGMLQuantizationType.F32,
-    "f16": gguf.GGMLQuantizationType.F16,
-    "bf16": gguf.GGMLQuantizationType.BF16,
-    "q8_0": gguf.GGMLQuantizationType.Q8_0,
+    "f32": (Q.F32, F.ALL_F32),
+    "f16": (Q.F16, F.MOSTLY_F16),
+    "bf16": (Q.BF16, F.MOSTLY_BF16),
+    "q8_0": (Q.Q8_0, F.MOSTLY_Q8_0),
+    "q4_0": (Q.Q4_0, F.MOSTLY_Q4_0),
+    "q4_1": (Q.Q4_1, F.MOSTLY_Q4_1),
+    "q5_0": (Q.Q5_0, F.MOSTLY_Q5_0),
+    "q5_1": (Q.Q5_1, F.MOSTLY_Q5_1),
+    "q2_k": (Q.Q2_K, F.MOSTLY_Q2_K),
+    "q3_k": (Q.Q3_K, F.MOSTLY_Q3_K_M),
+    "q4_k": (Q.Q4_K, F.MOSTLY_Q4_K_S),
+    "q5_k": (Q.Q5_K, F.MOSTLY_Q5_K_S),
+    "q6_k": (Q.Q6_K, F.MOSTLY_Q6_K),
+    "iq4_nl": (Q.IQ4_NL, F.MOSTLY_IQ4_NL),
+    "iq4_xs": (Q.IQ4_XS, F.MOSTLY_IQ4_XS),
+    "mxfp4": (Q.MXFP4, F.MOSTLY_MXFP4_MOE),
+    "q4_k_m": (Q.Q4_K, F.MOSTLY_Q4_K_M),
 }
+MORE_BITS = ("attn_v.weight", "ffn_down.weight", "ffn_down_exps.weight", "ffn_down_shexp.weight", "output.weight")
 
-FILE_TYPES = {
-    "f32": gguf.LlamaFileType.ALL_F32,
-    "f16": gguf.LlamaFileType.MOSTLY_F16,
-    "bf16": gguf.LlamaFileType.MOSTLY_BF16,
-    "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
-}
+# The type llama.cpp writes instead when rows are not whole blocks of the one asked for.
+FALLBACK = {Q.Q2_K: Q.IQ4_NL, Q.Q3_K: Q.IQ4_NL, Q.IQ4_XS: Q.IQ4_NL, Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0}
 
 
 def read_tensors(folder):
@@ -110,13 +128,15 @@ def permute_rows(array, heads):
     return array.reshape(heads, 2, rows // heads // 2, *array.shape[1:]).swapaxes(1, 2).reshape(array.shape)
 
 
-def tensor_type(gguf_name, array, outtype):
-    """llama.cpp keeps 1-D tensors (norms, biases) and the routers in F32."""
+def tensor_type(gguf_name, array, outtype, mix):
+    """llama.cpp keeps 1-D tensors (norms, biases) and the routers in F32; rows that are not
+    whole blocks take the fallback type, else F16, as llama.cpp does."""
     if array.ndim == 1 or gguf_name.endswith(("ffn_gate_inp.weight", "exp_probs_b.bias")):
-        return gguf.GGMLQuantizationType.F32
-    block, _ = gguf.GGML_QUANT_SIZES[outtype]
-    if array.shape[-1] % block:
-        return gguf.GGMLQuantizationType.F16  # as llama.cpp does for rows off the block size
+        return Q.F32
+    if mix and gguf_name.endswith(MORE_BITS):
+        outtype = Q.Q6_K
+    while array.shape[-1] % gguf.GGML_QUANT_SIZES[outtype][0]:
+        outtype = FALLBACK.get(outtype, Q.F16)
     return outtype
 
 
@@ -317,13 +337,13 @@ def main():
     w = gguf.GGUFWriter(args.out, gguf.MODEL_ARCH_NAMES[arch])
     w.add_name(folder.name)
     add_hparams(w, cfg, arch)
-    w.add_file_type(FILE_TYPES[args.outtype])
+    outtype, file_type = OUTTYPES[args.outtype]
+    w.add_file_type(file_type)
     if (folder / "tokenizer.json").exists():
         add_vocab(w, folder, cfg["vocab_size"])
     else:
         add_placeholder_vocab(w, cfg)
 
-    outtype = OUTTYPES[args.outtype]
     dequantized = {}
     for hf_name, array, source in hf_tensors(folder, cfg, arch, args.whole_kv_b):
         base = hf_name.removesuffix(".weight").removesuffix(".bias")
@@ -335,11 +355,11 @@ def main():
         if arch == gguf.MODEL_ARCH.LLAMA and name.endswith(("attn_q.weight", "attn_k.weight")):
             heads = cfg["num_attention_heads"] if name.endswith("attn_q.weight") else cfg["num_key_value_heads"]
             array = permute_rows(array, heads)
-        ty = tensor_type(name, array, outtype)
+        ty = tensor_type(name, array, outtype, args.outtype == "q4_k_m")
         if source == "BF16" and ty == gguf.GGMLQuantizationType.BF16:
             data = np.ascontiguousarray(array)  # the same bits
         else:
-            data = gguf.quants.quantize(np.ascontiguousarray(as_f32(array, source)), ty)
+            data = gguf_quants.quantize(np.ascontiguousarray(as_f32(array, source)), ty)
         w.add_tensor(name, data, raw_dtype=ty)
         if args.dequantized_copy:
             stored = gguf.quants.dequantize(data, ty).reshape(array.shape)

@@ -9,44 +9,12 @@ fixtures are $STRATA_FIXTURES (else ../shared/fixtures).
 """
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-CONVERTER = REPO / "scripts" / "hf-to-gguf.py"
-# model_type values `scripts/hf-to-gguf.py` converts (its ARCHES).
-CONVERTED = {"qwen3_moe", "mixtral", "deepseek_v3", "kimi_k2"}
-# DeepSeek-style MLA fixtures are also written with kv_b whole (older conversions).
-MLA = {"deepseek_v3", "kimi_k2"}
-
-
-def strata_bin() -> str:
-    if os.environ.get("STRATA_BIN"):
-        return os.environ["STRATA_BIN"]
-    found = [p for p in (REPO / "target/release/strata", REPO / "target/debug/strata") if p.exists()]
-    if not found:
-        pytest.exit("no strata binary: run `cargo build` first or set STRATA_BIN", returncode=2)
-    return str(max(found, key=lambda p: p.stat().st_mtime))
-
-
-def fixtures_dir() -> Path:
-    return Path(os.environ.get("STRATA_FIXTURES", REPO.parent / "shared" / "fixtures"))
-
-
-def bf16_fixtures():
-    out = []
-    for d in sorted(fixtures_dir().iterdir()) if fixtures_dir().is_dir() else []:
-        if not (d / "golden.json").exists() or not (d / "config.json").exists():
-            continue
-        cfg = json.loads((d / "config.json").read_text())
-        if cfg.get("model_type") in CONVERTED and not cfg.get("quantization_config"):
-            out.append(d)
-    return out
-
+from helpers import CONVERTED, CONVERTER, MLA, bf16_fixtures, csv, fixtures_dir, strata
 
 FIXTURES = bf16_fixtures()
 
@@ -71,16 +39,6 @@ def gguf_model(request, tmp_path_factory):
     cmd = [sys.executable, str(CONVERTER), str(folder), str(out), "--outtype", outtype, *extra]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     return folder, out, json.loads((folder / "golden.json").read_text())
-
-
-def strata(*args):
-    p = subprocess.run([strata_bin(), *map(str, args)], capture_output=True, text=True)
-    assert p.returncode == 0, f"strata {' '.join(map(str, args))} failed:\n{p.stderr}"
-    return json.loads(p.stdout)
-
-
-def csv(ids):
-    return ",".join(map(str, ids))
 
 
 def rel_tolerance(g):
@@ -137,35 +95,3 @@ def test_the_gguf_tokenizer_and_template_match_the_goldens(gguf_model, tmp_path)
         out = strata(*args)
         assert out["text"] == case["rendered"], f"chat case {n}"
         assert out["ids"] == case["ids"], f"chat case {n}"
-
-
-# Quantized GGUF types: strata's logits on the GGUF against strata's logits on the safetensors
-# copy the converter writes from `gguf`'s own `dequantize` (the same weights in F32), so each
-# block type's decoding is checked against an independent implementation. The two runs differ
-# only in the order of f32 sums: a bound of 1e-5 of the largest logit (measured: 3e-7).
-QUANTIZED = ("q8_0",)
-SUM_TOLERANCE = 1e-5
-
-
-@pytest.fixture(scope="module", params=[(d, t) for d in FIXTURES for t in QUANTIZED],
-                ids=lambda p: f"{p[0].name}-{p[1]}")
-def quantized_model(request, tmp_path_factory):
-    folder, outtype = request.param
-    tmp = tmp_path_factory.mktemp("gguf-q")
-    out, copy = tmp / f"{folder.name}-{outtype}.gguf", tmp / "dequantized"
-    cmd = [sys.executable, str(CONVERTER), str(folder), str(out), "--outtype", outtype, "--dequantized-copy", copy]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    return folder, out, copy, json.loads((folder / "golden.json").read_text())
-
-
-def test_quantized_logits_equal_the_dequantized_copy(quantized_model):
-    folder, model, copy, g = quantized_model
-    for p, prompt in enumerate(g["prompts"]):
-        ids = csv(prompt["ids"])
-        got = strata("logits", "--model", model, "--ids", ids)
-        want = strata("logits", "--model", copy, "--ids", ids)
-        absmax = max(abs(v) for v in want["last_logits"])
-        worst = max(abs(a - b) for a, b in zip(got["last_logits"], want["last_logits"]))
-        assert worst <= SUM_TOLERANCE * absmax, f"{folder.name} prompt {p}: {worst} > {SUM_TOLERANCE} x {absmax}"
-        # And the quantized model still answers as the fixture's (a loose check: Q8_0's own error).
-        assert len(got["argmax"]) == len(prompt["ids"])

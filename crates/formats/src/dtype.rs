@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use crate::gguf::GgmlType;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
     F64,
@@ -19,6 +21,9 @@ pub enum DType {
     /// GGUF's Q8_0 (blocks of 32 weights in 34 bytes: an F16 scale, 32 signed bytes); GGUF
     /// files only.
     Q8_0,
+    /// One of GGUF's other block types (Q4_K, Q6_K, ...: a known ggml type with blocks); GGUF
+    /// files only.
+    Ggml(GgmlType),
 }
 
 impl DType {
@@ -44,6 +49,7 @@ impl DType {
     pub fn size(self) -> usize {
         match self {
             DType::Q8_0 => 34,
+            DType::Ggml(t) => t.block().map_or(1, |(_, bytes)| bytes as usize),
             DType::F64 | DType::I64 => 8,
             DType::F32 | DType::I32 => 4,
             DType::F16 | DType::BF16 | DType::I16 => 2,
@@ -66,15 +72,17 @@ impl DType {
             DType::U8 => "U8",
             DType::Bool => "BOOL",
             DType::Q8_0 => "Q8_0",
+            DType::Ggml(t) => t.static_name().unwrap_or("GGML"),
         }
     }
 }
 
 impl DType {
-    /// Elements per block of a block type (Q8_0: 32); 1 otherwise.
+    /// Elements per block of a block type (Q8_0: 32, Q4_K: 256); 1 otherwise.
     pub fn block(self) -> usize {
         match self {
             DType::Q8_0 => 32,
+            DType::Ggml(t) => t.block().map_or(1, |(n, _)| n as usize),
             _ => 1,
         }
     }

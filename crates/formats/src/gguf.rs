@@ -29,6 +29,24 @@ impl GgmlType {
     pub const Q8_0: GgmlType = GgmlType(8);
     pub const BF16: GgmlType = GgmlType(30);
 
+    /// The block types besides Q8_0 that strata's kernels compute on (`strata_kernels::ggml`; a
+    /// test in `strata-weights` keeps the two lists equal): Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K,
+    /// Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4.
+    pub const KERNEL_BLOCKS: [GgmlType; 12] = [
+        GgmlType(2),
+        GgmlType(3),
+        GgmlType(6),
+        GgmlType(7),
+        GgmlType(10),
+        GgmlType(11),
+        GgmlType(12),
+        GgmlType(13),
+        GgmlType(14),
+        GgmlType(20),
+        GgmlType(23),
+        GgmlType(39),
+    ];
+
     /// (name, elements per block, bytes per block) of the types ggml defines.
     fn layout(self) -> Option<(&'static str, u64, u64)> {
         Some(match self.0 {
@@ -73,6 +91,11 @@ impl GgmlType {
             Some((n, _, _)) => n.to_string(),
             None => format!("unknown type {}", self.0),
         }
+    }
+
+    /// The name of a type ggml defines.
+    pub fn static_name(self) -> Option<&'static str> {
+        self.layout().map(|(n, _, _)| n)
     }
 
     /// Elements per block and bytes per block, for the types ggml defines.

@@ -89,8 +89,16 @@ fn dtype(ty: GgmlType) -> Option<DType> {
         GgmlType::F16 => Some(DType::F16),
         GgmlType::BF16 => Some(DType::BF16),
         GgmlType::Q8_0 => Some(DType::Q8_0),
+        t if GgmlType::KERNEL_BLOCKS.contains(&t) => Some(DType::Ggml(t)),
         _ => None,
     }
+}
+
+/// The names of every weight type a GGUF may hold for strata.
+fn supported_types() -> String {
+    let mut names = vec!["F32".to_string(), "F16".into(), "BF16".into(), "Q8_0".into()];
+    names.extend(GgmlType::KERNEL_BLOCKS.iter().map(|t| t.name()));
+    names.join(", ")
 }
 
 /// How an architecture's per-layer GGUF tensors (`blk.L.<stem>.<kind>`) are named in its
@@ -266,8 +274,9 @@ fn index(g: &Gguf, names: &Names) -> Result<HashMap<String, TensorEntry>> {
             path: g.paths[t.file].clone(),
             tensor: t.name.clone(),
             reason: format!(
-                "weight type {} is not supported yet (supported: F32, F16, BF16, Q8_0)",
-                t.ty
+                "weight type {} is not supported yet (supported: {})",
+                t.ty,
+                supported_types()
             ),
         })?;
         for (name, shape, offset, len) in entries {

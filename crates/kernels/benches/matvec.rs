@@ -23,7 +23,7 @@
 use std::time::Instant;
 
 use strata_kernels::membw::stream_pass;
-use strata_kernels::{Linear, WeightData};
+use strata_kernels::{ggml, Linear, WeightData};
 
 struct Rand(u64);
 impl Rand {
@@ -92,10 +92,35 @@ fn make(format: &str, out: usize, inp: usize, rng: &mut Rand) -> Linear {
                 .collect(),
         },
         "F32" => WeightData::F32((0..n).map(|_| rng.f32()).collect()),
-        other => panic!("unknown format {other}"),
+        other => {
+            let ty = *ggml::ALL
+                .iter()
+                .find(|t| t.name() == other)
+                .unwrap_or_else(|| panic!("unknown format {other}"));
+            let mut blocks: Vec<u8> = (0..out * ty.row_bytes(inp)).map(|_| rng.next() as u8).collect();
+            for block in blocks.chunks_exact_mut(ty.block_bytes()) {
+                for &at in ty.f16_fields() {
+                    let d = half::f16::from_f32(rng.f32() * 1e-2).to_bits().to_le_bytes();
+                    block[at..at + 2].copy_from_slice(&d);
+                }
+                if ty == ggml::BlockType::Mxfp4 {
+                    block[0] = 120 + (rng.next() % 8) as u8;
+                }
+            }
+            WeightData::Ggml {
+                ty,
+                blocks: blocks.into(),
+            }
+        }
     };
     Linear::new(out, inp, data)
 }
+
+/// The formats measured: strata's own, then GGUF's block types (Q4_K_M files are mostly Q4_K and
+/// Q6_K).
+const FORMATS: [&str; 11] = [
+    "BF16", "FP8", "INT4", "MXFP4", "INT8", "Q8_0", "Q4_K", "Q6_K", "Q5_K", "Q4_0", "IQ4_XS",
+];
 
 /// Bytes each side reads per round of the interleaved measurement.
 const SLICE: usize = 64 << 20;
@@ -211,7 +236,7 @@ fn prompt_products(filter: Option<&str>, tokens: usize, shapes: &[(&str, usize, 
         "format", "shape (out x in)", "MiB/matrix", "1 token us", "per token us", "speedup"
     );
     let mut rng = Rand(0x0dd_ba11_5eed_0001);
-    for format in ["BF16", "FP8", "INT4", "MXFP4", "INT8", "Q8_0"] {
+    for format in FORMATS {
         for &(label, out, inp) in shapes {
             let name = format!("{format} {label}");
             if filter.is_some_and(|f| !name.contains(f)) {
@@ -290,7 +315,7 @@ fn main() {
         "prepare us"
     );
     let mut rng = Rand(0x1234_5678_9ABC_DEF1);
-    for format in ["BF16", "FP8", "INT4", "MXFP4", "INT8", "Q8_0"] {
+    for format in FORMATS {
         for &(label, out, inp) in shapes {
             let name = format!("{format} {label}");
             if filter.as_ref().is_some_and(|f| !name.contains(f.as_str())) {

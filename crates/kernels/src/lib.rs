@@ -15,6 +15,8 @@ pub mod attend;
 pub mod avx512;
 pub mod dot;
 pub mod fp8;
+pub mod ggml;
+pub mod ggml_decode;
 pub mod int4;
 pub mod int8;
 pub mod intdot;

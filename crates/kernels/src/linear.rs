@@ -4,7 +4,7 @@
 
 use rayon::prelude::*;
 
-use crate::{dot, fp8, int4, int8, intdot, mxfp4, q8_0};
+use crate::{dot, fp8, ggml, int4, int8, intdot, mxfp4, q8_0};
 
 use crate::weight_data::packed_row;
 pub use crate::weight_data::{u16_vec_from_bytes, WeightData};
@@ -158,7 +158,7 @@ impl Linear {
             WeightData::Int4 { packed, scales, .. } => packed.len() * 4 + scales.len() * 2,
             WeightData::Mxfp4 { packed, scales } => packed.len() + scales.len(),
             WeightData::Int8 { w, scales } => w.len() + scales.len() * 4,
-            WeightData::Q8_0 { blocks } => blocks.len(),
+            WeightData::Q8_0 { blocks } | WeightData::Ggml { blocks, .. } => blocks.len(),
         }
     }
 
@@ -200,6 +200,12 @@ impl Linear {
                 let rb = q8_0::row_bytes(n);
                 let mut y = [0f32];
                 q8_0::rows_tokens(&blocks[r * rb..(r + 1) * rb], rb, &[x], &mut y);
+                y[0]
+            }
+            WeightData::Ggml { ty, blocks } => {
+                let rb = ty.row_bytes(n);
+                let mut y = [0f32];
+                ggml::rows_tokens(*ty, &blocks[r * rb..(r + 1) * rb], rb, &[x], &mut y);
                 y[0]
             }
         }
@@ -272,6 +278,10 @@ impl Linear {
                 let rb = q8_0::row_bytes(self.in_dim);
                 return q8_0::rows_tokens(&blocks[rows.start * rb..rows.end * rb], rb, &[x], out);
             }
+            (WeightData::Ggml { ty, blocks }, _) => {
+                let rb = ty.row_bytes(self.in_dim);
+                return ggml::rows_tokens(*ty, &blocks[rows.start * rb..rows.end * rb], rb, &[x], out);
+            }
             _ => {}
         }
         for (o, r) in out.iter_mut().zip(rows) {
@@ -330,6 +340,10 @@ impl Linear {
             WeightData::Q8_0 { blocks } => {
                 let rb = q8_0::row_bytes(n);
                 return q8_0::rows_tokens(&blocks[rows.start * rb..rows.end * rb], rb, &x_of, out);
+            }
+            WeightData::Ggml { ty, blocks } => {
+                let rb = ty.row_bytes(n);
+                return ggml::rows_tokens(*ty, &blocks[rows.start * rb..rows.end * rb], rb, &x_of, out);
             }
             _ => {}
         }
@@ -570,6 +584,7 @@ impl Linear {
                 | WeightData::Int4 { .. }
                 | WeightData::Mxfp4 { .. }
                 | WeightData::Q8_0 { .. }
+                | WeightData::Ggml { .. }
         ) {
             return None;
         }

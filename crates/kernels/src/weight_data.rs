@@ -2,7 +2,7 @@
 //! per-element decoding every format has (the products are in `linear.rs` and the format files).
 
 use crate::storage::Storage;
-use crate::{dot, fp8, int4, mxfp4, q8_0};
+use crate::{dot, fp8, ggml, int4, mxfp4, q8_0};
 
 /// A weight matrix's bytes in the format the checkpoint stores. Shapes in comments are for a
 /// (out, in) matrix.
@@ -36,6 +36,12 @@ pub enum WeightData {
     /// GGUF Q8_0: (out, in / 32) blocks of 34 bytes, an F16 scale and 32 signed bytes
     /// ([`crate::q8_0`]); `in` a multiple of 32.
     Q8_0 { blocks: Storage<u8> },
+    /// GGUF's other block types ([`crate::ggml`]): (out, in / block) blocks of `ty`; `in` a
+    /// multiple of the type's block (32 or 256 weights).
+    Ggml {
+        ty: ggml::BlockType,
+        blocks: Storage<u8>,
+    },
 }
 
 impl WeightData {
@@ -104,6 +110,13 @@ impl WeightData {
                 }
                 want("block bytes", blocks.len(), out_dim * q8_0::row_bytes(in_dim))
             }
+            WeightData::Ggml { ty, blocks } => {
+                if !in_dim.is_multiple_of(ty.block()) {
+                    let (name, k) = (ty.name(), ty.block());
+                    return Err(format!("{name} rows hold blocks of {k} weights; in = {in_dim}"));
+                }
+                want("block bytes", blocks.len(), out_dim * ty.row_bytes(in_dim))
+            }
         }
     }
 
@@ -116,7 +129,7 @@ impl WeightData {
             WeightData::Int4 { packed, scales, .. } => packed.is_borrowed() && scales.is_borrowed(),
             WeightData::Mxfp4 { packed, scales } => packed.is_borrowed() && scales.is_borrowed(),
             WeightData::Int8 { w, scales } => w.is_borrowed() && scales.is_borrowed(),
-            WeightData::Q8_0 { blocks } => blocks.is_borrowed(),
+            WeightData::Q8_0 { blocks } | WeightData::Ggml { blocks, .. } => blocks.is_borrowed(),
         }
     }
 
@@ -168,6 +181,16 @@ impl WeightData {
                     *o = q8_0::weight(row, j);
                 }
             }
+            WeightData::Ggml { ty, blocks } => {
+                let rb = ty.row_bytes(n);
+                let row = &blocks[r * rb..(r + 1) * rb];
+                for (block, o) in row
+                    .chunks_exact(ty.block_bytes())
+                    .zip(out.chunks_exact_mut(ty.block()))
+                {
+                    ty.decode(block, o);
+                }
+            }
         }
     }
 
@@ -181,6 +204,7 @@ impl WeightData {
             WeightData::Mxfp4 { .. } => "MXFP4",
             WeightData::Int8 { .. } => "INT8 per-row",
             WeightData::Q8_0 { .. } => "Q8_0",
+            WeightData::Ggml { ty, .. } => ty.name(),
         }
     }
 }

@@ -12,7 +12,7 @@
 // Most checks here are of x86 variants; on other CPUs (aarch64: `tests/neon.rs`) some imports rest.
 #![cfg_attr(not(target_arch = "x86_64"), allow(unused_imports))]
 
-use strata_kernels::{dot, fp8, int4, int8, intdot, mxfp4, Linear, WeightData};
+use strata_kernels::{dot, fp8, ggml, int4, int8, intdot, mxfp4, Linear, WeightData};
 
 mod common;
 use common::Rand;
@@ -124,6 +124,27 @@ fn formats(rng: &mut Rand, out: usize, inp: usize) -> Vec<Linear> {
     if inp.is_multiple_of(32) {
         all.push(Linear::new(out, inp, WeightData::Q8_0 { blocks: q8_0.into() }));
     }
+    // GGUF's other block types where rows are whole blocks: random codes, finite F16 scales.
+    for ty in ggml::ALL.into_iter().filter(|t| inp.is_multiple_of(t.block())) {
+        let mut blocks: Vec<u8> = (0..out * ty.row_bytes(inp)).map(|_| rng.next() as u8).collect();
+        for block in blocks.chunks_exact_mut(ty.block_bytes()) {
+            for &at in ty.f16_fields() {
+                let d = half::f16::from_f32(rng.f32() * 1e-2).to_bits().to_le_bytes();
+                block[at..at + 2].copy_from_slice(&d);
+            }
+            if ty == ggml::BlockType::Mxfp4 {
+                block[0] = 110 + rng.below(30) as u8;
+            }
+        }
+        all.push(Linear::new(
+            out,
+            inp,
+            WeightData::Ggml {
+                ty,
+                blocks: blocks.into(),
+            },
+        ));
+    }
     all
 }
 
@@ -134,6 +155,8 @@ fn every_format_row_dot_equals_the_exact_dot_of_its_decoded_row() {
         let out = 1 + rng.below(9);
         let inp = if case % 3 == 0 {
             64 * (1 + rng.below(6))
+        } else if case % 5 == 1 {
+            256 * (1 + rng.below(3))
         } else {
             1 + rng.below(400)
         };

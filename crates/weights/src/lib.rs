@@ -12,3 +12,23 @@ mod mla_split;
 pub use expert::{Expert, ExpertLayout};
 pub use linear::{load_linear, load_vector, resolve_linear, LinearFormat, LinearSpec};
 pub use mla_split::load_kv_b;
+
+#[cfg(test)]
+mod tests {
+    use strata_formats::gguf::GgmlType;
+    use strata_kernels::ggml::{BlockType, ALL};
+
+    #[test]
+    fn the_gguf_reader_accepts_exactly_the_block_types_the_kernels_compute_on() {
+        for t in GgmlType::KERNEL_BLOCKS {
+            let ty = BlockType::from_ggml_id(t.0).unwrap_or_else(|| panic!("{t} has no kernel"));
+            assert_eq!(ty.name(), t.name());
+            assert_eq!(
+                t.block(),
+                Some((ty.block() as u64, ty.block_bytes() as u64)),
+                "{t}"
+            );
+        }
+        assert_eq!(GgmlType::KERNEL_BLOCKS.len(), ALL.len());
+    }
+}

@@ -10,11 +10,13 @@
 //! | `weight_packed` I32 + `weight_scale` BF16 (+ `weight_shape`) | INT4 pack-quantized |
 //! | `weight_packed` U8 + `weight_scale` U8 | MXFP4 |
 //! | `weight` Q8_0 (GGUF) | Q8_0 |
+//! | `weight` Q4_0 ... Q6_K, IQ4_NL, IQ4_XS, MXFP4 (GGUF) | that block type |
 //!
 //! Resolving (names, shapes, dtypes: all checks) is apart from building (bytes -> [`Linear`]), so
 //! the expert store can resolve every expert at load time and read its bytes later, its own way.
 
 use strata_formats::{bytes_to_f32, Checkpoint, DType, FormatError};
+use strata_kernels::ggml::BlockType;
 use strata_kernels::{u16_vec_from_bytes, Linear, Owner, Pod, Storage, WeightData};
 
 type Result<T, E = FormatError> = std::result::Result<T, E>;
@@ -36,6 +38,8 @@ pub enum LinearFormat {
     Mxfp4,
     /// `weight` Q8_0 (a GGUF file's blocks).
     Q8_0,
+    /// `weight` of another GGUF block type.
+    Ggml(BlockType),
 }
 
 /// A linear layer resolved against the checkpoint: its format and the tensors that hold it, in
@@ -49,7 +53,7 @@ pub struct LinearSpec {
     pub tensors: Vec<String>,
 }
 
-fn bad(ckpt: &Checkpoint, name: &str, reason: String) -> FormatError {
+pub(crate) fn bad(ckpt: &Checkpoint, name: &str, reason: String) -> FormatError {
     let path = ckpt
         .entry(name)
         .map(|e| ckpt.shard_path(e.shard).to_path_buf())
@@ -92,6 +96,19 @@ pub fn resolve_linear(ckpt: &Checkpoint, base: &str, out_dim: usize, in_dim: usi
         return match dtype {
             DType::BF16 | DType::F16 | DType::F32 => Ok(spec(LinearFormat::Dense(dtype), vec![weight])),
             DType::Q8_0 => Ok(spec(LinearFormat::Q8_0, vec![weight])),
+            DType::Ggml(t) => {
+                let ty = BlockType::from_ggml_id(t.0)
+                    .ok_or_else(|| bad(ckpt, &weight, format!("weight type {t} has no kernel")))?;
+                if !in_dim.is_multiple_of(ty.block()) {
+                    let k = ty.block();
+                    return Err(bad(
+                        ckpt,
+                        &weight,
+                        format!("{t} rows hold blocks of {k}; in = {in_dim}"),
+                    ));
+                }
+                Ok(spec(LinearFormat::Ggml(ty), vec![weight]))
+            }
             DType::F8E4M3 => {
                 let block = ckpt.quantization().map_or((128, 128), |q| q.fp8_block);
                 let scale = format!("{base}.weight_scale_inv");
@@ -274,6 +291,10 @@ impl LinearSpec {
                 scales: view!(bytes[1]).unwrap_or_else(|| bytes[1].to_vec().into()),
             },
             LinearFormat::Q8_0 => WeightData::Q8_0 {
+                blocks: view!(bytes[0]).unwrap_or_else(|| bytes[0].to_vec().into()),
+            },
+            LinearFormat::Ggml(ty) => WeightData::Ggml {
+                ty: *ty,
                 blocks: view!(bytes[0]).unwrap_or_else(|| bytes[0].to_vec().into()),
             },
         };

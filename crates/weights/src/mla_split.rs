@@ -2,11 +2,15 @@
 //! part, transposed: `[heads, kv_lora, nope]`) and `v_b` (`[heads, v, kv_lora]`). The attention
 //! reads one `kv_b` (`[heads * (nope + v), kv_lora]`, each head's key rows then its value rows),
 //! so the two are put back together, element for element, in their stored 16- or 32-bit format
-//! (Q8_0 blocks, which run along the other axis, as their f32 values).
+//! (Q8_0 and the other GGUF block types, whose blocks run along the other axis, as their f32
+//! values).
 
+use strata_formats::gguf::GgmlType;
 use strata_formats::{Checkpoint, DType, FormatError};
+use strata_kernels::ggml::BlockType;
 use strata_kernels::{Linear, WeightData};
 
+use crate::linear::bad;
 use crate::load_linear;
 
 type Result<T, E = FormatError> = std::result::Result<T, E>;
@@ -29,7 +33,8 @@ pub fn load_kv_b(
     if ckpt.contains(&format!("{whole}.weight")) || !ckpt.contains(&k_name) {
         return load_linear(ckpt, &whole, heads * (nope + v), kv_lora);
     }
-    let dtypes = [DType::F32, DType::BF16, DType::F16, DType::Q8_0];
+    let mut dtypes = vec![DType::F32, DType::BF16, DType::F16, DType::Q8_0];
+    dtypes.extend(GgmlType::KERNEL_BLOCKS.map(DType::Ggml));
     let dtype = ckpt.expect(&k_name, &[heads, kv_lora, nope], &dtypes)?.info.dtype;
     let v_entry = ckpt.expect(&v_name, &[heads, v, kv_lora], &[dtype]);
     v_entry.map_err(|e| FormatError::BadTensor {
@@ -38,10 +43,10 @@ pub fn load_kv_b(
         reason: format!("must be {dtype} [{heads}, {v}, {kv_lora}] beside `{k_name}`: {e}"),
     })?;
     let (mut k_b, mut v_b) = (ckpt.read_bytes(&k_name)?, ckpt.read_bytes(&v_name)?);
-    let dtype = if dtype == DType::Q8_0 {
+    let dtype = if dtype.block() > 1 {
         // Blocks run along k_b's rows, not kv_b's: decoded to f32 (exactly its values).
-        k_b = q8_0_to_f32_bytes(&k_b, nope);
-        v_b = q8_0_to_f32_bytes(&v_b, kv_lora);
+        k_b = blocks_to_f32_bytes(ckpt, &k_name, dtype, &k_b, nope)?;
+        v_b = blocks_to_f32_bytes(ckpt, &v_name, dtype, &v_b, kv_lora)?;
         DType::F32
     } else {
         dtype
@@ -65,13 +70,36 @@ pub fn load_kv_b(
     Ok(Linear::new(heads * (nope + v), kv_lora, data))
 }
 
-/// Q8_0 rows of `n` weights as little-endian f32 bytes.
-fn q8_0_to_f32_bytes(blocks: &[u8], n: usize) -> Vec<u8> {
-    let rb = strata_kernels::q8_0::row_bytes(n);
-    blocks
-        .chunks_exact(rb)
-        .flat_map(|row| (0..n).flat_map(move |j| strata_kernels::q8_0::weight(row, j).to_le_bytes()))
-        .collect()
+/// Rows of `n` weights of a block type (Q8_0 or another GGUF one) as little-endian f32 bytes.
+fn blocks_to_f32_bytes(
+    ckpt: &Checkpoint,
+    name: &str,
+    dtype: DType,
+    blocks: &[u8],
+    n: usize,
+) -> Result<Vec<u8>> {
+    let data = match dtype {
+        DType::Q8_0 => WeightData::Q8_0 {
+            blocks: blocks.to_vec().into(),
+        },
+        DType::Ggml(t) => match BlockType::from_ggml_id(t.0) {
+            Some(ty) => WeightData::Ggml {
+                ty,
+                blocks: blocks.to_vec().into(),
+            },
+            None => return Err(bad(ckpt, name, format!("weight type {t} has no kernel"))),
+        },
+        _ => unreachable!("only block types are decoded"),
+    };
+    let rows = blocks.len() / dtype.size() * dtype.block() / n.max(1);
+    data.check_shape(rows, n).map_err(|e| bad(ckpt, name, e))?;
+    let mut row = vec![0f32; n];
+    let mut out = Vec::with_capacity(rows * n * 4);
+    for r in 0..rows {
+        data.decode_row(n, r, &mut row);
+        out.extend(row.iter().flat_map(|w| w.to_le_bytes()));
+    }
+    Ok(out)
 }
 
 /// Each head's rows: the key part (k_b's columns as rows), then v_b's rows; `es` bytes each.

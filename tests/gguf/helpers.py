@@ -1,0 +1,49 @@
+"""What the GGUF tests share: the converter, the strata binary, the fixtures."""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CONVERTER = REPO / "scripts" / "hf-to-gguf.py"
+# model_type values `scripts/hf-to-gguf.py` converts (its ARCHES).
+CONVERTED = {"qwen3_moe", "mixtral", "deepseek_v3", "kimi_k2"}
+# DeepSeek-style MLA fixtures are also written with kv_b whole (older conversions).
+MLA = {"deepseek_v3", "kimi_k2"}
+
+
+def strata_bin() -> str:
+    if os.environ.get("STRATA_BIN"):
+        return os.environ["STRATA_BIN"]
+    found = [p for p in (REPO / "target/release/strata", REPO / "target/debug/strata") if p.exists()]
+    if not found:
+        pytest.exit("no strata binary: run `cargo build` first or set STRATA_BIN", returncode=2)
+    return str(max(found, key=lambda p: p.stat().st_mtime))
+
+
+def fixtures_dir() -> Path:
+    return Path(os.environ.get("STRATA_FIXTURES", REPO.parent / "shared" / "fixtures"))
+
+
+def bf16_fixtures():
+    out = []
+    for d in sorted(fixtures_dir().iterdir()) if fixtures_dir().is_dir() else []:
+        if not (d / "golden.json").exists() or not (d / "config.json").exists():
+            continue
+        cfg = json.loads((d / "config.json").read_text())
+        if cfg.get("model_type") in CONVERTED and not cfg.get("quantization_config"):
+            out.append(d)
+    return out
+
+
+def strata(*args):
+    p = subprocess.run([strata_bin(), *map(str, args)], capture_output=True, text=True)
+    assert p.returncode == 0, f"strata {' '.join(map(str, args))} failed:\n{p.stderr}"
+    return json.loads(p.stdout)
+
+
+def csv(ids):
+    return ",".join(map(str, ids))
