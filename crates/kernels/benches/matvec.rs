@@ -97,16 +97,7 @@ fn make(format: &str, out: usize, inp: usize, rng: &mut Rand) -> Linear {
                 .iter()
                 .find(|t| t.name() == other)
                 .unwrap_or_else(|| panic!("unknown format {other}"));
-            let mut blocks: Vec<u8> = (0..out * ty.row_bytes(inp)).map(|_| rng.next() as u8).collect();
-            for block in blocks.chunks_exact_mut(ty.block_bytes()) {
-                for &at in ty.f16_fields() {
-                    let d = half::f16::from_f32(rng.f32() * 1e-2).to_bits().to_le_bytes();
-                    block[at..at + 2].copy_from_slice(&d);
-                }
-                if ty == ggml::BlockType::Mxfp4 {
-                    block[0] = 120 + (rng.next() % 8) as u8;
-                }
-            }
+            let blocks = ty.random_blocks(out * inp / ty.block(), || rng.next());
             WeightData::Ggml {
                 ty,
                 blocks: blocks.into(),

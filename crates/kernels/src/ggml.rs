@@ -65,6 +65,8 @@ macro_rules! with_decoder {
     };
 }
 
+pub(crate) use with_decoder;
+
 fn layout<D: Decode>() -> (usize, usize) {
     (D::N, D::BYTES)
 }
@@ -140,6 +142,23 @@ impl BlockType {
         }
     }
 
+    /// `count` blocks of random codes for tests and benchmarks, from the random words `next`
+    /// gives: every byte random but the F16 fields (finite scales below 0.01) and MXFP4's
+    /// exponent (scales near 1/64).
+    pub fn random_blocks(self, count: usize, mut next: impl FnMut() -> u64) -> Vec<u8> {
+        let mut out: Vec<u8> = (0..count * self.block_bytes()).map(|_| next() as u8).collect();
+        for block in out.chunks_exact_mut(self.block_bytes()) {
+            for &at in self.f16_fields() {
+                let d = (next() % 10_000) as f32 * 1e-6;
+                block[at..at + 2].copy_from_slice(&half::f16::from_f32(d).to_bits().to_le_bytes());
+            }
+            if self == BlockType::Mxfp4 {
+                block[0] = 118 + (next() % 8) as u8;
+            }
+        }
+        out
+    }
+
     /// Weight j of a row.
     pub fn weight(self, row: &[u8], j: usize) -> f32 {
         let (k, bytes) = (self.block(), self.block_bytes());
@@ -178,7 +197,7 @@ pub fn rows_tokens(ty: BlockType, rows: &[u8], row_bytes: usize, xs: &[&[f32]], 
     (IMPL.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         if crate::dot::has_avx2_fma_f16c() {
-            return x86::rows_tokens_entry;
+            return crate::ggml_x86::rows_tokens_entry;
         }
         rows_tokens_reference
     }))(ty, rows, row_bytes, xs, out)
@@ -195,86 +214,18 @@ pub fn rows_tokens_reference(ty: BlockType, rows: &[u8], row_bytes: usize, xs: &
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-pub mod x86 {
-    //! AVX2+FMA+F16C: each block decoded by its (inlined, vectorized) decoder into 256 f32,
-    //! then two accumulators of eight lanes per token take its multiply-adds.
-    use std::arch::x86_64::*;
-
-    use super::{dec, BlockType, Decode};
-
-    pub fn rows_tokens_entry(ty: BlockType, rows: &[u8], row_bytes: usize, xs: &[&[f32]], out: &mut [f32]) {
-        let tokens = xs.len();
-        assert!(tokens > 0 && out.len().is_multiple_of(tokens));
-        let n = xs[0].len();
-        assert!(n.is_multiple_of(ty.block()) && xs.iter().all(|x| x.len() == n));
-        assert!(row_bytes >= ty.row_bytes(n) && rows.len() >= out.len() / tokens * row_bytes);
-        // SAFETY: selected only when AVX2, FMA and F16C were detected; the shapes are checked.
-        unsafe { with_decoder!(ty, rows_tokens, rows, row_bytes, xs, out) }
-    }
-
-    /// # Safety
-    /// The CPU must have AVX2, FMA and F16C; the shapes are as [`rows_tokens_entry`] checks.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn rows_tokens<D: Decode>(rows: &[u8], row_bytes: usize, xs: &[&[f32]], out: &mut [f32]) {
-        let tokens = xs.len();
-        let blocks = xs[0].len() / D::N;
-        let mut acc = vec![[_mm256_setzero_ps(); 2]; tokens];
-        let mut buf = [0f32; 256];
-        for (i, o) in out.chunks_exact_mut(tokens).enumerate() {
-            let row = &rows[i * row_bytes..i * row_bytes + blocks * D::BYTES];
-            acc.fill([_mm256_setzero_ps(); 2]);
-            for (b, block) in row.chunks_exact(D::BYTES).enumerate() {
-                crate::dot::x86::prefetch(block.as_ptr());
-                D::decode(block, &mut buf);
-                let w = buf.as_ptr();
-                for (a, x) in acc.iter_mut().zip(xs) {
-                    let x = x.as_ptr().add(b * D::N);
-                    let [mut a0, mut a1] = *a;
-                    for c in (0..D::N).step_by(16) {
-                        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w.add(c)), _mm256_loadu_ps(x.add(c)), a0);
-                        a1 =
-                            _mm256_fmadd_ps(_mm256_loadu_ps(w.add(c + 8)), _mm256_loadu_ps(x.add(c + 8)), a1);
-                    }
-                    *a = [a0, a1];
-                }
-            }
-            for (o, [a0, a1]) in o.iter_mut().zip(&acc) {
-                *o = crate::dot::hsum256(_mm256_add_ps(*a0, *a1));
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Random blocks of `ty` with sane F16 scales (the codes are any bytes).
     fn random_rows(ty: BlockType, rows: usize, n: usize, seed: u64) -> Vec<u8> {
         let mut s = seed | 1;
-        let mut next = || {
+        ty.random_blocks(rows * n / ty.block(), || {
             s ^= s << 13;
             s ^= s >> 7;
             s ^= s << 17;
             s
-        };
-        let mut out: Vec<u8> = (0..rows * ty.row_bytes(n)).map(|_| next() as u8).collect();
-        let scale = |v: u64| {
-            half::f16::from_f32((v % 1000) as f32 / 1e4 + 1e-3)
-                .to_bits()
-                .to_le_bytes()
-        };
-        // No block holds NaN or huge scales.
-        for block in out.chunks_exact_mut(ty.block_bytes()) {
-            for &at in ty.f16_fields() {
-                block[at..at + 2].copy_from_slice(&scale(next()));
-            }
-            if ty == BlockType::Mxfp4 {
-                block[0] = 118 + (next() % 16) as u8;
-            }
-        }
-        out
+        })
     }
 
     #[test]

@@ -214,7 +214,7 @@ impl Decode for Q3K {
 
 /// Q4_K's and Q5_K's 6-bit scale and min of sub-block `s` (of 8) from their 12 bytes.
 #[inline(always)]
-fn scale_min_k4(sc: &[u8], s: usize) -> (u8, u8) {
+pub fn scale_min_k4(sc: &[u8], s: usize) -> (u8, u8) {
     if s < 4 {
         (sc[s] & 63, sc[s + 4] & 63)
     } else {

@@ -17,6 +17,8 @@ pub mod dot;
 pub mod fp8;
 pub mod ggml;
 pub mod ggml_decode;
+#[cfg(target_arch = "x86_64")]
+pub mod ggml_x86;
 pub mod int4;
 pub mod int8;
 pub mod intdot;

@@ -124,18 +124,9 @@ fn formats(rng: &mut Rand, out: usize, inp: usize) -> Vec<Linear> {
     if inp.is_multiple_of(32) {
         all.push(Linear::new(out, inp, WeightData::Q8_0 { blocks: q8_0.into() }));
     }
-    // GGUF's other block types where rows are whole blocks: random codes, finite F16 scales.
+    // GGUF's other block types where rows are whole blocks.
     for ty in ggml::ALL.into_iter().filter(|t| inp.is_multiple_of(t.block())) {
-        let mut blocks: Vec<u8> = (0..out * ty.row_bytes(inp)).map(|_| rng.next() as u8).collect();
-        for block in blocks.chunks_exact_mut(ty.block_bytes()) {
-            for &at in ty.f16_fields() {
-                let d = half::f16::from_f32(rng.f32() * 1e-2).to_bits().to_le_bytes();
-                block[at..at + 2].copy_from_slice(&d);
-            }
-            if ty == ggml::BlockType::Mxfp4 {
-                block[0] = 110 + rng.below(30) as u8;
-            }
-        }
+        let blocks = ty.random_blocks(out * inp / ty.block(), || rng.next());
         all.push(Linear::new(
             out,
             inp,
