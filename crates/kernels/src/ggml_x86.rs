@@ -1,8 +1,7 @@
 //! AVX2+FMA+F16C products on GGUF's block types ([`crate::ggml`]): each block decoded sixteen
 //! weights at a time into registers, where up to four tokens' accumulators take their
-//! multiply-adds. The common types
-//! (Q4_0, IQ4_NL, MXFP4, Q4_K, Q5_K, Q6_K, IQ4_XS) have decoders written with intrinsics: codes
-//! unpacked 32 at a time in bytes (table values through `pshufb`), widened to f32 and scaled by
+//! multiply-adds. All but Q2_K and Q3_K have decoders written with intrinsics: codes unpacked
+//! 16 or 32 at a time in bytes (table values through `pshufb`), widened to f32 and scaled by
 //! exactly the operations of their scalar twins in [`crate::ggml_decode`] (the same f32 values
 //! bit for bit: multiply, then subtract; no fused steps). The others use their scalar decoders,
 //! inlined here and vectorized by the compiler.
@@ -36,7 +35,7 @@ macro_rules! scalar_decoder {
         }
     )*};
 }
-scalar_decoder!(dec::Q4_1, dec::Q5_0, dec::Q5_1, dec::Q2K, dec::Q3K);
+scalar_decoder!(dec::Q2K, dec::Q3K);
 
 #[inline(always)]
 unsafe fn f16_at(b: *const u8) -> f32 {
@@ -95,6 +94,82 @@ impl DecodeX86 for dec::Q4_0 {
         // The codes minus 8 as a table: entry q is q - 8.
         const MINUS_8: [i8; 16] = [-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7];
         nibbles_through(b.add(2), table_of(&MINUS_8), _mm256_set1_ps(f16_at(b)), 0, &mut f)
+    }
+}
+
+/// 16 packed bytes as 32 unsigned nibble codes (weights 0-15 low, 16-31 high), each with
+/// `fifth` (16 bytes of 0 or 0x10 per weight, for weights 0-15 then 16-31 in `fifth.0/.1`)
+/// added, times `d`, plus `m`: `f(0, ..)` and `f(1, ..)`. Without fifth bits, zeros.
+#[inline(always)]
+unsafe fn nibbles_scaled(
+    qs: *const u8,
+    fifth: (__m128i, __m128i),
+    d: __m256,
+    m: __m256,
+    f: &mut impl FnMut(usize, __m256, __m256),
+) {
+    let v = _mm_loadu_si128(qs as *const __m128i);
+    let mask = _mm_set1_epi8(0x0F);
+    let neg_m = _mm256_xor_ps(m, _mm256_set1_ps(-0.0)); // -m exactly, signed zeros too
+    let lo = _mm_or_si128(_mm_and_si128(v, mask), fifth.0);
+    let hi = _mm_or_si128(_mm_and_si128(_mm_srli_epi16::<4>(v), mask), fifth.1);
+    // x - (-m) is x + m exactly, the scalar twins' `d * q + m`.
+    let (a, b) = u8x16(lo, d, neg_m);
+    f(0, a, b);
+    let (a, b) = u8x16(hi, d, neg_m);
+    f(1, a, b);
+}
+
+/// Q5's 32 fifth bits (bit j: weight j) as bytes of 0 or 0x10: weights 0-15, then 16-31.
+#[inline(always)]
+unsafe fn fifth_bits(qh: u32) -> (__m128i, __m128i) {
+    let all = _mm_set1_epi32(qh as i32);
+    let bits = _mm_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
+    let spread = |sel: __m128i| {
+        let b = _mm_and_si128(_mm_shuffle_epi8(all, sel), bits);
+        _mm_and_si128(_mm_cmpeq_epi8(b, bits), _mm_set1_epi8(0x10))
+    };
+    (
+        spread(_mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)),
+        spread(_mm_setr_epi8(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3)),
+    )
+}
+
+impl DecodeX86 for dec::Q4_1 {
+    #[inline(always)]
+    unsafe fn each16(b: *const u8, mut f: impl FnMut(usize, __m256, __m256)) {
+        let (d, m) = (_mm256_set1_ps(f16_at(b)), _mm256_set1_ps(f16_at(b.add(2))));
+        let none = (_mm_setzero_si128(), _mm_setzero_si128());
+        nibbles_scaled(b.add(4), none, d, m, &mut f)
+    }
+}
+
+impl DecodeX86 for dec::Q5_0 {
+    #[inline(always)]
+    unsafe fn each16(b: *const u8, mut f: impl FnMut(usize, __m256, __m256)) {
+        // The codes minus 16 as signed bytes first, as the scalar twin's `d * (q - 16)`.
+        let d = _mm256_set1_ps(f16_at(b));
+        let (lo5, hi5) = fifth_bits((b.add(2) as *const u32).read_unaligned());
+        let v = _mm_loadu_si128(b.add(6) as *const __m128i);
+        let (mask, sixteen) = (_mm_set1_epi8(0x0F), _mm_set1_epi8(16));
+        let lo = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(v, mask), lo5), sixteen);
+        let hi = _mm_sub_epi8(
+            _mm_or_si128(_mm_and_si128(_mm_srli_epi16::<4>(v), mask), hi5),
+            sixteen,
+        );
+        let (x, y) = i8x16(lo, d);
+        f(0, x, y);
+        let (x, y) = i8x16(hi, d);
+        f(1, x, y);
+    }
+}
+
+impl DecodeX86 for dec::Q5_1 {
+    #[inline(always)]
+    unsafe fn each16(b: *const u8, mut f: impl FnMut(usize, __m256, __m256)) {
+        let (d, m) = (_mm256_set1_ps(f16_at(b)), _mm256_set1_ps(f16_at(b.add(2))));
+        let fifth = fifth_bits((b.add(4) as *const u32).read_unaligned());
+        nibbles_scaled(b.add(8), fifth, d, m, &mut f)
     }
 }
 
