@@ -278,32 +278,53 @@ impl DecodeX86 for dec::Q5K {
     }
 }
 
+/// Q6_K's 32 weights 128 h + 32 K + e: low nibbles `K / 2` of `low_bytes`, bits 2K of
+/// `high_bytes`, minus 32, then the scales of their two sub-blocks of 16.
+#[inline(always)]
+unsafe fn q6k_part<const K: i32>(
+    low_bytes: __m256i,
+    high_bytes: __m256i,
+    h: usize,
+    d: f32,
+    sc: *const i8,
+    f: &mut impl FnMut(usize, __m256, __m256),
+) {
+    let (mask, three, off) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3), _mm256_set1_epi8(32));
+    let low = if K >= 2 {
+        _mm256_srli_epi16::<4>(low_bytes)
+    } else {
+        low_bytes
+    };
+    let low = _mm256_and_si256(low, mask);
+    let high = match K {
+        0 => high_bytes,
+        1 => _mm256_srli_epi16::<2>(high_bytes),
+        2 => _mm256_srli_epi16::<4>(high_bytes),
+        _ => _mm256_srli_epi16::<6>(high_bytes),
+    };
+    let high = _mm256_slli_epi16::<4>(_mm256_and_si256(high, three));
+    let q = _mm256_sub_epi8(_mm256_or_si256(low, high), off);
+    let s = 8 * h + 2 * K as usize; // the first of its two sub-blocks of 16
+    let (dl0, dl1) = (d * *sc.add(s) as f32, d * *sc.add(s + 1) as f32);
+    let (a, b) = i8x16(_mm256_castsi256_si128(q), _mm256_set1_ps(dl0));
+    f(s, a, b);
+    let (a, b) = i8x16(_mm256_extracti128_si256::<1>(q), _mm256_set1_ps(dl1));
+    f(s + 1, a, b);
+}
+
 impl DecodeX86 for dec::Q6K {
     #[inline(always)]
     unsafe fn each16(b: *const u8, mut f: impl FnMut(usize, __m256, __m256)) {
         let d = f16_at(b.add(208));
         let sc = b.add(192) as *const i8;
-        let (mask, three, off) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3), _mm256_set1_epi8(32));
         for h in 0..2 {
-            let high_bytes = _mm256_loadu_si256(b.add(128 + 32 * h) as *const __m256i);
-            for k in 0..4 {
-                let low_bytes = _mm256_loadu_si256(b.add(64 * h + 32 * (k % 2)) as *const __m256i);
-                let low = _mm256_and_si256(
-                    _mm256_srl_epi16(low_bytes, _mm_cvtsi32_si128(4 * (k as i32 / 2))),
-                    mask,
-                );
-                let high = _mm256_and_si256(
-                    _mm256_srl_epi16(high_bytes, _mm_cvtsi32_si128(2 * k as i32)),
-                    three,
-                );
-                let q = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16::<4>(high)), off);
-                let s = 8 * h + 2 * k; // the sub-block of 16 of the first half
-                let (dl0, dl1) = (d * *sc.add(s) as f32, d * *sc.add(s + 1) as f32);
-                let (a, b) = i8x16(_mm256_castsi256_si128(q), _mm256_set1_ps(dl0));
-                f(s, a, b);
-                let (a, b) = i8x16(_mm256_extracti128_si256::<1>(q), _mm256_set1_ps(dl1));
-                f(s + 1, a, b);
-            }
+            let high = _mm256_loadu_si256(b.add(128 + 32 * h) as *const __m256i);
+            let low0 = _mm256_loadu_si256(b.add(64 * h) as *const __m256i);
+            let low1 = _mm256_loadu_si256(b.add(64 * h + 32) as *const __m256i);
+            q6k_part::<0>(low0, high, h, d, sc, &mut f);
+            q6k_part::<1>(low1, high, h, d, sc, &mut f);
+            q6k_part::<2>(low0, high, h, d, sc, &mut f);
+            q6k_part::<3>(low1, high, h, d, sc, &mut f);
         }
     }
 }
