@@ -33,6 +33,10 @@ fn main() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
+        // Colours only for a person at a terminal: none in pipes, logs and files, nor with NO_COLOR.
+        .with_ansi(
+            std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none(),
+        )
         .init();
     let cli = commands::Cli::parse();
     if let Err(e) = commands::dispatch(cli) {

@@ -158,6 +158,8 @@ fn a_vocabulary_not_supported_yet_leaves_token_ids_working() {
         "{stderr}"
     );
     assert!(stderr.contains("token ids only"), "{stderr}");
+    // A warning into a pipe carries no terminal colour codes.
+    assert!(!stderr.contains('\u{1b}'), "escape codes in a pipe: {stderr:?}");
     let out = run(&["tokenize", "--text", "hi"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
