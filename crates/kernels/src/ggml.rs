@@ -199,6 +199,10 @@ pub fn rows_tokens(ty: BlockType, rows: &[u8], row_bytes: usize, xs: &[&[f32]], 
         if crate::dot::has_avx2_fma_f16c() {
             return crate::ggml_x86::rows_tokens_entry;
         }
+        #[cfg(all(target_arch = "aarch64", target_endian = "little"))]
+        if crate::isa::isa() == crate::isa::Isa::Neon {
+            return crate::ggml_neon::rows_tokens_entry;
+        }
         rows_tokens_reference
     }))(ty, rows, row_bytes, xs, out)
 }

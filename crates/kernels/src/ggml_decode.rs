@@ -70,6 +70,21 @@ impl Decode for Q4_0 {
     }
 }
 
+/// Q8_0 (its own kernels are in [`crate::q8_0`]; this decoder serves the NEON product):
+/// d, then 32 signed bytes; d * q.
+pub struct Q8_0;
+impl Decode for Q8_0 {
+    const N: usize = 32;
+    const BYTES: usize = 34;
+    #[inline(always)]
+    fn decode(b: &[u8], out: &mut [f32]) {
+        let d = f16_at(b, 0);
+        for j in 0..32 {
+            out[j] = d * (b[2 + j] as i8) as f32;
+        }
+    }
+}
+
 pub struct Q4_1;
 impl Decode for Q4_1 {
     const N: usize = 32;
@@ -360,6 +375,17 @@ mod tests {
         let mut out = [0f32; 256];
         Q4K::decode(&b, &mut out);
         assert_eq!(out[5 * 32], 18.0 * 7.0 - 35.0);
+    }
+
+    #[test]
+    fn the_q8_0_decoder_gives_q8_0_s_weights() {
+        let mut b = vec![0u8; 34];
+        b[..2].copy_from_slice(&f16_bytes(0.25));
+        b[2 + 5] = (-7i8) as u8;
+        let mut out = [0f32; 32];
+        Q8_0::decode(&b, &mut out);
+        assert_eq!(out[5], crate::q8_0::weight(&b, 5));
+        assert_eq!(out[5], -1.75);
     }
 
     #[test]

@@ -17,6 +17,8 @@ pub mod dot;
 pub mod fp8;
 pub mod ggml;
 pub mod ggml_decode;
+#[cfg(all(target_arch = "aarch64", target_endian = "little"))]
+pub mod ggml_neon;
 #[cfg(target_arch = "x86_64")]
 pub mod ggml_x86;
 pub mod int4;
@@ -125,10 +127,13 @@ pub(crate) fn give_back_f32(v: Vec<f32>) {
     give_back(&SPARE_F32, v)
 }
 
+/// For the AMX tiles' BF16 activations (x86-64 only).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) fn take_zeroed_u16(len: usize) -> Vec<u16> {
     take_zeroed(&SPARE_U16, len)
 }
 
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) fn give_back_u16(v: Vec<u16>) {
     give_back(&SPARE_U16, v)
 }

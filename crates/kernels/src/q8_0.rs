@@ -53,6 +53,10 @@ pub fn rows_tokens(rows: &[u8], row_bytes: usize, xs: &[&[f32]], out: &mut [f32]
         if crate::dot::has_avx2_fma_f16c() && crate::isa::isa() != crate::isa::Isa::Scalar {
             return x86::rows_tokens_entry;
         }
+        #[cfg(all(target_arch = "aarch64", target_endian = "little"))]
+        if crate::isa::isa() == crate::isa::Isa::Neon {
+            return crate::ggml_neon::q8_0_rows_tokens;
+        }
         rows_tokens_reference
     }))(rows, row_bytes, xs, out)
 }

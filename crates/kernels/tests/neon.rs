@@ -7,7 +7,7 @@
 //! and several tokens through the rows-and-tokens kernels give each token, bit for bit, what it
 //! gets alone.
 
-use strata_kernels::{dot, fp8, int4, int8, intdot, isa, mxfp4};
+use strata_kernels::{dot, fp8, ggml, int4, int8, intdot, isa, mxfp4, q8_0};
 
 mod common;
 use common::Rand;
@@ -375,6 +375,74 @@ fn four_bit(rng: &mut Rand) {
     }
 }
 
+/// GGUF's block types and Q8_0: rows against their scalar twins within the reordered-sum bound,
+/// several tokens against each token alone bit for bit.
+fn gguf_blocks(rng: &mut Rand) {
+    for case in 0..48 {
+        let (rows, n) = (1 + rng.below(4), 256 * (1 + rng.below(4)));
+        let xs: Vec<Vec<f32>> = (0..1 + rng.below(6)).map(|_| rng.vec(n)).collect();
+        let refs: Vec<&[f32]> = xs.iter().map(|x| x.as_slice()).collect();
+        let ty = ggml::ALL[case % ggml::ALL.len()];
+        let w = ty.random_blocks(rows * n / ty.block(), || rng.next());
+        let rb = ty.row_bytes(n);
+        let mut decoded = vec![0f32; n];
+        for (r, row) in w.chunks_exact(rb).enumerate() {
+            let mut got = [0f32];
+            ggml::rows_tokens(ty, row, rb, &[refs[0]], &mut got);
+            for (j, v) in decoded.iter_mut().enumerate() {
+                *v = ty.weight(row, j);
+            }
+            let what = format!("case {case} {} {rows}x{n} row {r}", ty.name());
+            close(
+                &what,
+                got[0],
+                ggml::dot_reference(ty, row, refs[0]),
+                bound(&decoded, refs[0]),
+            );
+        }
+        tokens_alone(
+            &format!("case {case} {} tokens", ty.name()),
+            rows,
+            &xs,
+            |xs, out| ggml::rows_tokens(ty, &w, rb, xs, out),
+            |r, x| {
+                let mut y = [0f32];
+                ggml::rows_tokens(ty, &w[r * rb..(r + 1) * rb], rb, &[x], &mut y);
+                y[0]
+            },
+        );
+        // Q8_0: the same rows as random 34-byte blocks.
+        let qb = q8_0::row_bytes(n);
+        let q = ggml::BlockType::Q4_0.random_blocks(rows * n / 32 * 2, || rng.next());
+        let q: Vec<u8> = q.chunks_exact(36).flat_map(|c| c[..34].to_vec()).collect();
+        for (r, row) in q.chunks_exact(qb).enumerate() {
+            let mut got = [0f32];
+            q8_0::rows_tokens(row, qb, &[refs[0]], &mut got);
+            for (j, v) in decoded.iter_mut().enumerate() {
+                *v = q8_0::weight(row, j);
+            }
+            let what = format!("case {case} Q8_0 {rows}x{n} row {r}");
+            close(
+                &what,
+                got[0],
+                q8_0::dot_q8_0_reference(row, refs[0]),
+                bound(&decoded, refs[0]),
+            );
+        }
+        tokens_alone(
+            &format!("case {case} Q8_0 tokens"),
+            rows,
+            &xs,
+            |xs, out| q8_0::rows_tokens(&q, qb, xs, out),
+            |r, x| {
+                let mut y = [0f32];
+                q8_0::rows_tokens(&q[r * qb..(r + 1) * qb], qb, &[x], &mut y);
+                y[0]
+            },
+        );
+    }
+}
+
 /// A named group of cases.
 type Case = (&'static str, fn(&mut Rand));
 
@@ -394,7 +462,7 @@ fn main() {
         isa::detected().name()
     );
     let mut rng = Rand(0x0A64_2026_1201_0001);
-    let cases: [Case; 5] = [
+    let cases: [Case; 6] = [
         ("dense and int8 rows equal their scalar twins", dense),
         ("dense and int8 tokens equal each token alone", dense_tokens),
         ("fp8 rows equal their scalar twin", fp8_rows),
@@ -403,6 +471,10 @@ fn main() {
             four_bit,
         ),
         ("attention's weighted sums equal their scalar twin", weighted_sums),
+        (
+            "gguf block types and q8_0 rows equal their scalar twins; tokens equal each alone",
+            gguf_blocks,
+        ),
     ];
     for (name, case) in cases {
         case(&mut rng);
