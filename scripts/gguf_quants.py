@@ -7,7 +7,7 @@ strata's decoding against that reference; a real model should be quantized by ll
 
 `quantize(array, qtype)` takes an f32 array whose last axis is a multiple of the block size and
 returns its blocks as uint8 rows, as `gguf.quants.quantize` does (which it calls for the other
-types).
+types), a chunk of rows at a time.
 """
 
 import numpy as np
@@ -154,12 +154,23 @@ def iq4_xs(blocks):
 QUANTIZERS = {Q.Q2_K: q2_k, Q.Q3_K: q3_k, Q.Q4_K: q4_k, Q.Q5_K: q5_k, Q.Q6_K: q6_k, Q.IQ4_NL: iq4_nl, Q.IQ4_XS: iq4_xs}
 
 
-def quantize(array, qtype):
+# Rows quantized per call: bounds the temporaries of a large tensor (a layer's stacked experts).
+CHUNK_ROWS = 1 << 14
+
+
+def quantize(array, qtype, to_f32=lambda a: a):
+    """`array` (its rows passed through `to_f32`, a chunk at a time) as `qtype`'s blocks."""
+    rows = array.reshape(-1, array.shape[-1])
+    parts = [quantize_rows(to_f32(rows[i : i + CHUNK_ROWS]), qtype) for i in range(0, rows.shape[0], CHUNK_ROWS)]
+    out = np.concatenate(parts) if len(parts) > 1 else parts[0]
+    return out.reshape(*array.shape[:-1], out.shape[-1])
+
+
+def quantize_rows(rows, qtype):
+    rows = np.ascontiguousarray(rows, dtype=np.float32)
     if qtype not in QUANTIZERS:
-        return gguf.quants.quantize(array, qtype)
+        return gguf.quants.quantize(rows, qtype)
     block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
-    shape = array.shape
-    blocks = np.ascontiguousarray(array, dtype=np.float32).reshape(-1, block)
-    out = QUANTIZERS[qtype](blocks)
+    out = QUANTIZERS[qtype](rows.reshape(-1, block))
     assert out.shape[-1] == block_bytes, (qtype, out.shape)
-    return out.reshape(*shape[:-1], shape[-1] // block * block_bytes)
+    return out.reshape(rows.shape[0], rows.shape[1] // block * block_bytes)

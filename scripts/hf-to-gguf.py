@@ -5,7 +5,9 @@ layer's experts stacked into one `[n_expert, ...]` tensor per projection, Llama'
 permuted for its rope, norms and routers in F32, the other matrices in the type asked for (`--outtype`), the vocabulary (a byte-level BPE:
 tokens, token types, merges, pre-tokenizer name), special ids and chat template.
 
-The tests (`tests/gguf`) make their GGUF files from the fixtures with it; it is also how to make
+It streams: every tensor's name, shape and type first, then one tensor at a time (a layer's
+experts stacked only when written, quantized a chunk of rows at a time), so a model larger than
+RAM converts. The tests (`tests/gguf`) make their GGUF files from the fixtures with it; it is also how to make
 one of a model `strata synth` wrote, to run llama.cpp and strata side by side on the same weight
 bytes (BF16 stays BF16; a folder without `tokenizer.json` gets a placeholder vocabulary, one token
 per id, enough for `llama-bench`).
@@ -103,8 +105,22 @@ def as_f32(array, dtype):
     return array.astype(np.float32)
 
 
+class Stack:
+    """A layer's experts of one projection, stacked into [E, ...] only when written (so the
+    converter holds one such tensor at a time, whatever the model's size)."""
+
+    def __init__(self, parts):
+        self.parts = parts
+        self.shape = (len(parts), *parts[0].shape)
+        self.ndim = len(self.shape)
+
+    def array(self):
+        return np.stack(self.parts)
+
+
 def stack_experts(tensors):
-    """`...mlp.experts.E.proj.weight` -> one `...mlp.experts.proj.weight` of [E, ...] per layer."""
+    """`...mlp.experts.E.proj.weight` -> one `...mlp.experts.proj.weight` of [E, ...] per layer
+    (a `Stack`)."""
     pattern = re.compile(r"^(.*\.experts)\.(\d+)\.(\w+)\.weight$")
     groups = {}
     rest = {}
@@ -116,7 +132,7 @@ def stack_experts(tensors):
             rest[name] = a
     for (prefix, proj), experts in groups.items():
         parts = [experts[e] for e in sorted(experts)]
-        rest[f"{prefix}.{proj}.weight"] = (np.stack([a for a, _ in parts]), parts[0][1])
+        rest[f"{prefix}.{proj}.weight"] = (Stack([a for a, _ in parts]), parts[0][1])
     return rest
 
 
@@ -303,11 +319,19 @@ def hf_tensors(folder, cfg, arch, whole_kv_b):
         if hf_name.endswith("e_score_correction_bias"):
             hf_name = hf_name.replace("e_score_correction_bias", "e_score_correction.bias")
         if arch == gguf.MODEL_ARCH.DEEPSEEK2 and hf_name.endswith("kv_b_proj.weight") and not whole_kv_b:
-            k_b, v_b = split_kv_b(array, cfg)
+            k_b, v_b = split_kv_b(np.asarray(array), cfg)
             yield hf_name.replace("kv_b_proj", "k_b_proj"), k_b, source
             yield hf_name.replace("kv_b_proj", "v_b_proj"), v_b, source
             continue
         yield hf_name, array, source
+
+
+def gguf_name(names, hf_name, folder, arch):
+    base = hf_name.removesuffix(".weight").removesuffix(".bias")
+    mapped = names.get_name(base)
+    if mapped is None:
+        sys.exit(f"{folder}: tensor {hf_name} has no GGUF name for {gguf.MODEL_ARCH_NAMES[arch]}")
+    return mapped + hf_name[len(base) :]
 
 
 def main():
@@ -344,32 +368,44 @@ def main():
     else:
         add_placeholder_vocab(w, cfg)
 
-    dequantized = {}
+    # Two passes, so only one tensor is in memory at a time: every tensor's name, shape and type
+    # first (the header), then each one's bytes, converted and written in the same order.
+    mix = args.outtype == "q4_k_m"
+    plan = []
     for hf_name, array, source in hf_tensors(folder, cfg, arch, args.whole_kv_b):
-        base = hf_name.removesuffix(".weight").removesuffix(".bias")
-        suffix = hf_name[len(base) :]
-        mapped = names.get_name(base)
-        if mapped is None:
-            sys.exit(f"{folder}: tensor {hf_name} has no GGUF name for {gguf.MODEL_ARCH_NAMES[arch]}")
-        name = mapped + suffix
+        name = gguf_name(names, hf_name, folder, arch)
+        ty = tensor_type(name, array, outtype, mix)
+        block, block_bytes = gguf.GGML_QUANT_SIZES[ty]
+        nbytes = int(np.prod(array.shape[:-1])) * (array.shape[-1] // block) * block_bytes
+        w.add_tensor_info(name, list(array.shape), np.float32, nbytes, raw_dtype=ty)
+        plan.append((name, ty))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+
+    dequantized = {}
+    tensors = hf_tensors(folder, cfg, arch, args.whole_kv_b)
+    for i, ((hf_name, array, source), (name, ty)) in enumerate(zip(tensors, plan)):
+        if isinstance(array, Stack):
+            array = array.array()
         if arch == gguf.MODEL_ARCH.LLAMA and name.endswith(("attn_q.weight", "attn_k.weight")):
             heads = cfg["num_attention_heads"] if name.endswith("attn_q.weight") else cfg["num_key_value_heads"]
             array = permute_rows(array, heads)
-        ty = tensor_type(name, array, outtype, args.outtype == "q4_k_m")
-        if source == "BF16" and ty == gguf.GGMLQuantizationType.BF16:
+        if source == "BF16" and ty == Q.BF16:
             data = np.ascontiguousarray(array)  # the same bits
         else:
-            data = gguf_quants.quantize(np.ascontiguousarray(as_f32(array, source)), ty)
-        w.add_tensor(name, data, raw_dtype=ty)
+            data = gguf_quants.quantize(array, ty, lambda rows: as_f32(rows, source))
+        w.write_tensor_data(data)
+        if sys.stderr.isatty():
+            print(f"\r{i + 1}/{len(plan)} tensors", end="", file=sys.stderr, flush=True)
         if args.dequantized_copy:
             stored = gguf.quants.dequantize(data, ty).reshape(array.shape)
             for hf, a in back_to_hf(hf_name, stored, cfg, arch, name):
                 dequantized[hf] = a
-
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file(progress=True)
+        del array, data
     w.close()
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
     if args.dequantized_copy:
         k_b = {n: a for n, a in dequantized.items() if n.endswith("k_b_proj.weight")}
         for n, a in k_b.items():
