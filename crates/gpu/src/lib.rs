@@ -10,6 +10,7 @@
 
 mod matrix;
 mod offload;
+mod packed;
 mod read;
 
 use std::fmt;

@@ -10,28 +10,52 @@ pub enum WeightFormat {
     Bf16,
     F16,
     F32,
+    /// INT8, one f32 scale per row.
+    Int8,
+    /// FP8 E4M3, one f32 scale per block of rows x inputs.
+    Fp8,
+    /// INT4 pack-quantized, eight weights per u32, one BF16 scale per group of inputs.
+    Int4,
+    /// MXFP4: two E2M1 weights per byte, one E8M0 scale per 32 inputs.
+    Mxfp4,
 }
 
 impl WeightFormat {
-    pub(crate) const ALL: [WeightFormat; 3] = [WeightFormat::Bf16, WeightFormat::F16, WeightFormat::F32];
+    pub(crate) const ALL: [WeightFormat; 7] = [
+        WeightFormat::Bf16,
+        WeightFormat::F16,
+        WeightFormat::F32,
+        WeightFormat::Int8,
+        WeightFormat::Fp8,
+        WeightFormat::Int4,
+        WeightFormat::Mxfp4,
+    ];
 
     fn elem_bytes(self) -> usize {
         match self {
             WeightFormat::Bf16 | WeightFormat::F16 => 2,
             WeightFormat::F32 => 4,
+            _ => 1,
         }
     }
 
     /// The format's WGSL: the product shader with its element functions.
     pub(crate) fn shader(self) -> String {
-        let (word, functions) = match self {
-            WeightFormat::Bf16 => ("u32", include_str!("shaders/bf16.wgsl")),
-            WeightFormat::F16 => ("u32", include_str!("shaders/f16.wgsl")),
-            WeightFormat::F32 => ("f32", include_str!("shaders/f32.wgsl")),
+        let float = include_str!("shaders/float.wgsl");
+        let packed = include_str!("shaders/packed.wgsl");
+        let functions = match self {
+            WeightFormat::Bf16 => [include_str!("shaders/bf16.wgsl"), float].concat(),
+            WeightFormat::F16 => [include_str!("shaders/f16.wgsl"), float].concat(),
+            WeightFormat::F32 => [include_str!("shaders/f32.wgsl"), float].concat(),
+            WeightFormat::Int8 => [packed, include_str!("shaders/int8.wgsl")].concat(),
+            WeightFormat::Fp8 => [packed, include_str!("shaders/fp8.wgsl")].concat(),
+            WeightFormat::Int4 => [packed, include_str!("shaders/int4.wgsl")].concat(),
+            WeightFormat::Mxfp4 => [packed, include_str!("shaders/mxfp4.wgsl")].concat(),
         };
+        let word = if self == WeightFormat::F32 { "f32" } else { "u32" };
         include_str!("shaders/matmul.wgsl")
             .replace("WORD", word)
-            .replace("FORMAT_FUNCTIONS", functions)
+            .replace("FORMAT_FUNCTIONS", &functions)
     }
 
     pub(crate) fn index(self) -> usize {
@@ -42,18 +66,35 @@ impl WeightFormat {
 /// A (rows x in_dim) weight matrix in GPU memory, split by rows into chunks that each fit one
 /// binding.
 pub struct GpuMatrix {
-    format: WeightFormat,
-    rows: usize,
-    in_dim: usize,
-    chunks: Vec<Chunk>,
+    pub(crate) format: WeightFormat,
+    pub(crate) rows: usize,
+    pub(crate) in_dim: usize,
+    pub(crate) chunks: Vec<Chunk>,
+    /// Where the scales of a packed format lie (zero for the float formats).
+    pub(crate) scales: ScaleLayout,
 }
 
-struct Chunk {
-    row0: usize,
-    rows: usize,
-    /// 0 or 1: the chunk's first weight within its first 32-bit word.
-    elem0: u32,
-    buffer: wgpu::Buffer,
+/// A packed format's row bytes and scale geometry, as the shaders read them.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct ScaleLayout {
+    /// Bytes of packed weights per row.
+    pub row_bytes: u32,
+    /// Scales per row of scales.
+    pub per_row: u32,
+    /// Weight rows per row of scales.
+    pub rows: u32,
+    /// Inputs per scale.
+    pub cols: u32,
+}
+
+pub(crate) struct Chunk {
+    pub row0: usize,
+    pub rows: usize,
+    /// The chunk's first weight within its first 16-byte word (float formats).
+    pub elem0: u32,
+    /// Byte offset of the chunk's scales in its buffer (packed formats).
+    pub s_off: u32,
+    pub buffer: wgpu::Buffer,
 }
 
 impl GpuMatrix {
@@ -86,11 +127,12 @@ struct MatmulParams {
     row0: u32,
     grid_x: u32,
     elem0: u32,
-    _pad: u32,
+    s_off: u32,
+    scales: ScaleLayout,
 }
 
 impl MatmulParams {
-    fn bytes(&self) -> [u8; 32] {
+    fn bytes(&self) -> [u8; 48] {
         let v = [
             self.rows,
             self.in_dim,
@@ -99,9 +141,13 @@ impl MatmulParams {
             self.row0,
             self.grid_x,
             self.elem0,
-            self._pad,
+            self.s_off,
+            self.scales.row_bytes,
+            self.scales.per_row,
+            self.scales.rows,
+            self.scales.cols,
         ];
-        let mut out = [0u8; 32];
+        let mut out = [0u8; 48];
         for (o, x) in out.chunks_exact_mut(4).zip(v) {
             o.copy_from_slice(&x.to_le_bytes());
         }
@@ -114,7 +160,7 @@ const MAX_GROUPS: usize = 65535;
 /// Tokens per workgroup of the matmul shaders (`TB` in the WGSL).
 const TOKEN_BLOCK: usize = 8;
 
-fn u32_of(v: usize, what: &str) -> Result<u32, GpuError> {
+pub(crate) fn u32_of(v: usize, what: &str) -> Result<u32, GpuError> {
     u32::try_from(v)
         .map_err(|_| GpuError::Shape(format!("{what} {v} exceeds the GPU kernels' 32-bit indexing")))
 }
@@ -179,6 +225,7 @@ impl Gpu {
                 row0,
                 rows: take,
                 elem0: (first - start) as u32,
+                s_off: 0,
                 buffer,
             });
             row0 += take;
@@ -188,6 +235,7 @@ impl Gpu {
             rows,
             in_dim,
             chunks,
+            scales: ScaleLayout::default(),
         })
     }
 
@@ -245,7 +293,8 @@ impl Gpu {
                 row0: c.row0 as u32,
                 grid_x: grid_x as u32,
                 elem0: c.elem0,
-                _pad: 0,
+                s_off: c.s_off,
+                scales: m.scales,
             };
             let ub = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
                 label: Some("matmul params"),
@@ -388,10 +437,10 @@ pub(crate) fn entry(binding: u32, buffer: &wgpu::Buffer) -> wgpu::BindGroupEntry
     }
 }
 
-fn u16_bytes(w: &[u16]) -> Vec<u8> {
+pub(crate) fn u16_bytes(w: &[u16]) -> Vec<u8> {
     w.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
-fn f32_bytes(xs: &[f32]) -> Vec<u8> {
+pub(crate) fn f32_bytes(xs: &[f32]) -> Vec<u8> {
     xs.iter().flat_map(|v| v.to_le_bytes()).collect()
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use strata_kernels::offload::{Device, DeviceMatrix};
 use strata_kernels::{Linear, WeightData};
 
-use crate::{Gpu, GpuMatrix};
+use crate::{Gpu, GpuError, GpuMatrix};
 
 /// The GPU with its budget for weights and its counters.
 pub struct Offload {
@@ -66,11 +66,7 @@ impl Offload {
 
 impl Device for Offload {
     fn upload(&self, lin: &Linear, keep: bool) -> Option<Box<dyn DeviceMatrix>> {
-        let supported = matches!(
-            lin.data,
-            WeightData::Bf16(_) | WeightData::F16(_) | WeightData::F32(_)
-        );
-        if !supported || (keep && self.full.load(Ordering::Relaxed)) {
+        if !supported(&lin.data) || (keep && self.full.load(Ordering::Relaxed)) {
             return None;
         }
         let bytes = if keep { lin.bytes() as u64 } else { 0 };
@@ -82,12 +78,7 @@ impl Device for Offload {
         }
         let g = &self.gpu;
         let scope = g.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let m = match &lin.data {
-            WeightData::Bf16(w) => g.upload_bf16(w, lin.in_dim),
-            WeightData::F16(w) => g.upload_f16(w, lin.in_dim),
-            WeightData::F32(w) => g.upload_f32(w, lin.in_dim),
-            _ => unreachable!("checked above"),
-        };
+        let m = g.upload_weights(&lin.data, lin.in_dim).expect("checked above");
         let refused = pollster::block_on(scope.pop()).is_some();
         match m {
             Ok(m) if !refused => Some(Box::new(Resident {
@@ -103,6 +94,32 @@ impl Device for Offload {
                 None
             }
         }
+    }
+}
+
+/// Whether the GPU has kernels for `data`'s format.
+fn supported(data: &WeightData) -> bool {
+    !matches!(data, WeightData::Q8_0 { .. } | WeightData::Ggml { .. })
+}
+
+impl Gpu {
+    /// Uploads a weight in the format the CPU holds it; None for formats without GPU kernels
+    /// (GGUF's block types, for now).
+    pub fn upload_weights(&self, data: &WeightData, in_dim: usize) -> Option<Result<GpuMatrix, GpuError>> {
+        Some(match data {
+            WeightData::Bf16(w) => self.upload_bf16(w, in_dim),
+            WeightData::F16(w) => self.upload_f16(w, in_dim),
+            WeightData::F32(w) => self.upload_f32(w, in_dim),
+            WeightData::Int8 { w, scales } => self.upload_int8(w, scales, in_dim),
+            WeightData::Fp8 { w, scales, block } => self.upload_fp8(w, scales, *block, in_dim),
+            WeightData::Int4 {
+                packed,
+                scales,
+                group,
+            } => self.upload_int4(packed, scales, *group, in_dim),
+            WeightData::Mxfp4 { packed, scales } => self.upload_mxfp4(packed, scales, in_dim),
+            WeightData::Q8_0 { .. } | WeightData::Ggml { .. } => return None,
+        })
     }
 }
 

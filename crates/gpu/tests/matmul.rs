@@ -4,6 +4,7 @@
 //! there is none (`STRATA_NO_GPU=1`) do they pass without running.
 
 use strata_gpu::{select, Gpu, GpuError, Preference, Selection};
+use strata_kernels::WeightData;
 
 fn gpu() -> Option<Gpu> {
     match select(Preference::Gpu) {
@@ -43,19 +44,27 @@ impl Rng {
     }
 }
 
-/// A matrix in one of the GPU's formats, with the CPU's scalar reference for a row.
-enum Weights {
-    Bf16(Vec<u16>),
-    F16(Vec<u16>),
-    F32(Vec<f32>),
+/// Formats the tests draw from, in the order `Weights::random` takes them.
+const KINDS: usize = 7;
+
+/// A matrix in one of the GPU's formats as the CPU holds it, with its decoded weights and the
+/// CPU's scalar reference for a row.
+struct Weights {
+    data: WeightData,
+    in_dim: usize,
+    /// Every weight as the CPU's decoder gives it (rows x in_dim).
+    decoded: Vec<f32>,
 }
 
 impl Weights {
-    fn random(kind: usize, n: usize, rng: &mut Rng) -> Weights {
-        match kind {
-            0 => Weights::Bf16(rng.bf16s(n)),
+    /// `kind` < KINDS picks the format; FP8 blocks and INT4 groups vary with the draw, off the
+    /// kernels' 8-input fast paths too.
+    fn random(kind: usize, rows: usize, in_dim: usize, rng: &mut Rng) -> Weights {
+        let n = rows * in_dim;
+        let data = match kind {
+            0 => WeightData::Bf16(rng.bf16s(n).into()),
             // Any finite F16 bits, subnormals included.
-            1 => Weights::F16(
+            1 => WeightData::F16(
                 (0..n)
                     .map(|_| loop {
                         let b = rng.next() as u16;
@@ -63,50 +72,121 @@ impl Weights {
                             break b;
                         }
                     })
-                    .collect(),
+                    .collect::<Vec<_>>()
+                    .into(),
             ),
-            _ => Weights::F32(rng.f32s(n)),
+            2 => WeightData::F32(rng.f32s(n).into()),
+            3 => WeightData::Int8 {
+                w: (0..n).map(|_| rng.next() as i8).collect::<Vec<_>>().into(),
+                scales: (0..rows)
+                    .map(|_| rng.f32().abs() / 64.0)
+                    .collect::<Vec<_>>()
+                    .into(),
+            },
+            4 => {
+                let block = [(128, 128), (1, 16), (3, 8), (2, 5)][rng.below(4)];
+                let blocks = rows.div_ceil(block.0) * in_dim.div_ceil(block.1);
+                WeightData::Fp8 {
+                    // Any E4M3 byte but the two NaNs.
+                    w: (0..n)
+                        .map(|_| loop {
+                            let b = rng.next() as u8;
+                            if b & 0x7f != 0x7f {
+                                break b;
+                            }
+                        })
+                        .collect::<Vec<_>>()
+                        .into(),
+                    scales: (0..blocks).map(|_| rng.f32() / 16.0).collect::<Vec<_>>().into(),
+                    block,
+                }
+            }
+            5 => {
+                let group = [32, 128, 8, 12][rng.below(4)];
+                WeightData::Int4 {
+                    packed: (0..rows * in_dim.div_ceil(8))
+                        .map(|_| rng.next() as u32)
+                        .collect::<Vec<_>>()
+                        .into(),
+                    scales: rng.bf16s(rows * in_dim.div_ceil(group)).into(),
+                    group,
+                }
+            }
+            _ => WeightData::Mxfp4 {
+                packed: (0..rows * in_dim.div_ceil(2))
+                    .map(|_| rng.next() as u8)
+                    .collect::<Vec<_>>()
+                    .into(),
+                scales: (0..rows * in_dim.div_ceil(32))
+                    .map(|_| 118 + rng.below(16) as u8)
+                    .collect::<Vec<_>>()
+                    .into(),
+            },
+        };
+        let mut decoded = vec![0f32; n];
+        for (r, row) in decoded.chunks_exact_mut(in_dim).enumerate() {
+            data.decode_row(in_dim, r, row);
+        }
+        Weights {
+            data,
+            in_dim,
+            decoded,
         }
     }
-    fn upload(&self, g: &Gpu, in_dim: usize) -> Result<strata_gpu::GpuMatrix, GpuError> {
-        match self {
-            Weights::Bf16(w) => g.upload_bf16(w, in_dim),
-            Weights::F16(w) => g.upload_f16(w, in_dim),
-            Weights::F32(w) => g.upload_f32(w, in_dim),
-        }
+    fn upload(&self, g: &Gpu) -> Result<strata_gpu::GpuMatrix, GpuError> {
+        g.upload_weights(&self.data, self.in_dim)
+            .expect("the GPU has kernels for every format the tests draw")
     }
     fn value(&self, i: usize) -> f32 {
-        match self {
-            Weights::Bf16(w) => strata_kernels::dot::bf16_to_f32(w[i]),
-            Weights::F16(w) => half::f16::from_bits(w[i]).to_f32(),
-            Weights::F32(w) => w[i],
+        self.decoded[i]
+    }
+    fn reference(&self, r: usize, x: &[f32]) -> f32 {
+        use strata_kernels::{dot, fp8, int4, int8, mxfp4};
+        let n = self.in_dim;
+        let span = r * n..(r + 1) * n;
+        match &self.data {
+            WeightData::Bf16(w) => dot::dot_bf16_reference(&w[span], x),
+            WeightData::F16(w) => dot::dot_f16_reference(&w[span], x),
+            WeightData::F32(w) => dot::dot_f32_reference(&w[span], x),
+            WeightData::Int8 { w, scales } => int8::dot_int8_reference(&w[span], scales[r], x),
+            WeightData::Fp8 { w, scales, block } => {
+                let per_row = n.div_ceil(block.1);
+                let s = &scales[(r / block.0) * per_row..][..per_row];
+                fp8::dot_fp8_reference(&w[span], s, block.1, x)
+            }
+            WeightData::Int4 {
+                packed,
+                scales,
+                group,
+            } => {
+                let (pw, ps) = (n.div_ceil(8), n.div_ceil(*group));
+                int4::dot_int4_reference(&packed[r * pw..][..pw], &scales[r * ps..][..ps], *group, x)
+            }
+            WeightData::Mxfp4 { packed, scales } => {
+                let (pw, ps) = (n.div_ceil(2), n.div_ceil(32));
+                mxfp4::dot_mxfp4_reference(&packed[r * pw..][..pw], &scales[r * ps..][..ps], x)
+            }
+            other => unreachable!("{} is not drawn", other.format_name()),
         }
     }
-    fn reference(&self, r: usize, in_dim: usize, x: &[f32]) -> f32 {
-        let span = r * in_dim..(r + 1) * in_dim;
-        match self {
-            Weights::Bf16(w) => strata_kernels::dot::dot_bf16_reference(&w[span], x),
-            Weights::F16(w) => strata_kernels::dot::dot_f16_reference(&w[span], x),
-            Weights::F32(w) => strata_kernels::dot::dot_f32_reference(&w[span], x),
-        }
-    }
-    fn name(&self) -> &'static str {
-        match self {
-            Weights::Bf16(_) => "BF16",
-            Weights::F16(_) => "F16",
-            Weights::F32(_) => "F32",
+    fn name(&self) -> String {
+        match &self.data {
+            WeightData::Fp8 { block, .. } => format!("FP8 {}x{}", block.0, block.1),
+            WeightData::Int4 { group, .. } => format!("INT4 g{group}"),
+            d => d.format_name().to_string(),
         }
     }
 }
 
 /// Two f32 sums of the same n products in different orders each lie within (n - 1) u sum|p| of
-/// the exact sum (u = 2^-24), so they differ by at most 2 (n - 1) u sum|p|.
+/// the exact sum (u = 2^-24); a packed format's scale applied per weight (the GPU) or per group
+/// (the CPU) rounds each product once more: they differ by at most 2 (n + 1) u sum|p|.
 fn within_reorder_bound(gpu: f32, cpu: f32, w: &Weights, r: usize, x: &[f32]) -> bool {
     let n = x.len();
     let abs: f64 = (0..n)
         .map(|i| (w.value(r * n + i) as f64 * x[i] as f64).abs())
         .sum();
-    let bound = 2.0 * (n.max(1) - 1) as f64 * (1.0 / (1u64 << 24) as f64) * abs;
+    let bound = 2.0 * (n + 1) as f64 * (1.0 / (1u64 << 24) as f64) * abs;
     ((gpu as f64) - (cpu as f64)).abs() <= bound + f64::from(f32::MIN_POSITIVE)
 }
 
@@ -114,19 +194,19 @@ fn within_reorder_bound(gpu: f32, cpu: f32, w: &Weights, r: usize, x: &[f32]) ->
 fn products_equal_the_cpu_reference_within_reordering() {
     let Some(g) = gpu() else { return };
     let mut rng = Rng(0x5eed_1234_abcd_0001);
-    for case in 0..36 {
+    for case in 0..6 * KINDS {
         let rows = 1 + rng.below(70);
         let in_dim = 1 + rng.below(600);
         let tokens = 1 + rng.below(19);
-        let w = Weights::random(case % 3, rows * in_dim, &mut rng);
+        let w = Weights::random(case % KINDS, rows, in_dim, &mut rng);
         let xs = rng.f32s(tokens * in_dim);
-        let m = w.upload(&g, in_dim).unwrap();
+        let m = w.upload(&g).unwrap();
         let ys = g.matmul(&m, &xs, tokens).unwrap();
         assert_eq!(ys.len(), rows * tokens);
         for t in 0..tokens {
             let x = &xs[t * in_dim..(t + 1) * in_dim];
             for r in 0..rows {
-                let cpu = w.reference(r, in_dim, x);
+                let cpu = w.reference(r, x);
                 let got = ys[t * rows + r];
                 assert!(
                     within_reorder_bound(got, cpu, &w, r, x),
@@ -142,13 +222,13 @@ fn products_equal_the_cpu_reference_within_reordering() {
 fn a_token_gets_the_same_bits_alone_and_in_any_batch() {
     let Some(g) = gpu() else { return };
     let mut rng = Rng(0x0bad_cafe_0000_0042);
-    for case in 0..9 {
+    for case in 0..2 * KINDS {
         let rows = 1 + rng.below(40);
         let in_dim = 1 + rng.below(900);
         let tokens = 2 + rng.below(30);
-        let w = Weights::random(case % 3, rows * in_dim, &mut rng);
+        let w = Weights::random(case % KINDS, rows, in_dim, &mut rng);
         let xs = rng.f32s(tokens * in_dim);
-        let m = w.upload(&g, in_dim).unwrap();
+        let m = w.upload(&g).unwrap();
         let batch = g.matmul(&m, &xs, tokens).unwrap();
         for t in 0..tokens {
             let alone = g.matmul(&m, &xs[t * in_dim..(t + 1) * in_dim], 1).unwrap();
@@ -169,17 +249,22 @@ fn weights_split_over_several_bindings_give_the_same_bits() {
     let Some(mut g) = gpu() else { return };
     let mut rng = Rng(0x1111_2222_3333_4444);
     // Widths off the 16-byte word, so chunks and rows start inside one too.
-    for (case, in_dim) in [1usize, 7, 33, 257, 1030, 3].into_iter().enumerate() {
+    let widths = [1usize, 7, 33, 257, 1030, 3, 64, 40, 12, 95, 5, 300, 31, 48];
+    for (case, in_dim) in widths.into_iter().enumerate() {
         let rows = 29;
         let tokens = 3;
-        let w = Weights::random(case % 3, rows * in_dim, &mut rng);
+        let mut w = Weights::random(case % KINDS, rows, in_dim, &mut rng);
+        // FP8 blocks of a few rows, so several fit one small binding.
+        while matches!(w.data, WeightData::Fp8 { block, .. } if block.0 > 3) {
+            w = Weights::random(case % KINDS, rows, in_dim, &mut rng);
+        }
         let xs = rng.f32s(tokens * in_dim);
-        let whole = w.upload(&g, in_dim).unwrap();
+        let whole = w.upload(&g).unwrap();
         assert_eq!(whole.chunks(), 1);
         let want = g.matmul(&whole, &xs, tokens).unwrap();
         let full = g.max_binding();
         g.set_max_binding((4 * in_dim * 4 + 32) as u64);
-        let split = w.upload(&g, in_dim).unwrap();
+        let split = w.upload(&g).unwrap();
         assert!(split.chunks() > 1, "{in_dim}: {} chunk(s)", split.chunks());
         let got = g.matmul(&split, &xs, tokens).unwrap();
         g.set_max_binding(full);
@@ -203,6 +288,11 @@ fn bad_shapes_are_errors_naming_the_shape() {
         .matmul(&m, &[0f32; 5], 2)
         .expect_err("5 values taken as 2 tokens of 3");
     assert!(e.to_string().contains("2 tokens of 3"), "{e}");
+    // Two INT4 rows of 16 inputs take two BF16 scales of group 16, not three.
+    let Err(e) = g.upload_int4(&[0u32; 4], &[0u16; 3], 16, 16) else {
+        panic!("three scales taken for two rows of one group")
+    };
+    assert!(e.to_string().contains("Int4 scales of 6 bytes"), "{e}");
 }
 
 #[test]

@@ -1,10 +1,10 @@
 // F16: two weights per u32 (little-endian), widened exactly.
-fn elem(e: u32) -> f32 {
+fn eleme(e: u32) -> f32 {
     let pair = unpack2x16float(w[e >> 3u][(e >> 1u) & 3u]);
     return select(pair.x, pair.y, (e & 1u) == 1u);
 }
 
-fn load8(e: u32) -> array<f32, 8> {
+fn load8e(e: u32) -> array<f32, 8> {
     if ((e & 7u) == 0u) {
         let q = w[e >> 3u];
         let a = unpack2x16float(q.x);
@@ -13,6 +13,6 @@ fn load8(e: u32) -> array<f32, 8> {
         let d = unpack2x16float(q.w);
         return array<f32, 8>(a.x, a.y, b.x, b.y, c.x, c.y, d.x, d.y);
     }
-    return array<f32, 8>(elem(e), elem(e + 1u), elem(e + 2u), elem(e + 3u),
-                         elem(e + 4u), elem(e + 5u), elem(e + 6u), elem(e + 7u));
+    return array<f32, 8>(eleme(e), eleme(e + 1u), eleme(e + 2u), eleme(e + 3u),
+                         eleme(e + 4u), eleme(e + 5u), eleme(e + 6u), eleme(e + 7u));
 }

@@ -1,5 +1,5 @@
-// y[t][row0 + r] = sum_k w[r][k] * x[t][k]: one weight format's rows (the functions `elem` and
-// `load8` below, filled in per format by the crate) against f32 activations.
+// y[t][row0 + r] = sum_k w[r][k] * x[t][k]: one weight format's rows (the functions `elem(r, j)`
+// and `load8(r, k)` below, filled in per format by the crate) against f32 activations.
 //
 // Order of the sums, fixed whatever the number of tokens (batch invariance): one workgroup of 64
 // invocations per (row, block of up to 8 tokens); invocation l takes the groups of 8 inputs
@@ -15,8 +15,12 @@ struct Params {
     out_stride: u32, // floats per token in y (the whole matrix's rows)
     row0: u32,       // first row of this chunk in y
     grid_x: u32,     // workgroups along x (row = x + y * grid_x)
-    elem0: u32,      // element offset of the chunk's first weight in `w`
-    _pad: u32,
+    elem0: u32,      // element offset of the chunk's first weight in `w` (float formats)
+    s_off: u32,      // byte offset of the chunk's scales in `w` (packed formats)
+    row_bytes: u32,  // packed formats: bytes of weights per row
+    s_per_row: u32,  // scales per row of scales
+    s_rows: u32,     // weight rows per row of scales
+    s_cols: u32,     // inputs per scale
 }
 
 @group(0) @binding(0) var<storage, read> w: array<vec4<WORD>>;
@@ -40,13 +44,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         return;
     }
     var acc = array<f32, 8>(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
-    let base = prm.elem0 + r * prm.in_dim;
     let full = prm.in_dim / 8u;
     // Loops over the tokens and a group's inputs have constant bounds (the compiler unrolls them,
     // keeping the sums in registers); tokens past `nt` are skipped, not computed.
     for (var g = l; g < full; g = g + LANES) {
         let k = 8u * g;
-        let v = load8(base + k);
+        let v = load8(r, k);
         for (var t = 0u; t < TB; t = t + 1u) {
             if (t < nt) {
                 let xi = (t0 + t) * prm.in_dim + k;
@@ -66,7 +69,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 let xi = (t0 + t) * prm.in_dim;
                 var s = acc[t];
                 for (var j = k; j < prm.in_dim; j = j + 1u) {
-                    s = s + elem(base + j) * x[xi + j];
+                    s = s + elem(r, j) * x[xi + j];
                 }
                 acc[t] = s;
             }

@@ -1,0 +1,34 @@
+
+// FP8 E4M3 (no infinities; 0x7f and 0xff are NaN), one f32 scale per block.
+fn e4m3(b: u32) -> f32 {
+    let sign = (b & 0x80u) << 24u;
+    let e = (b >> 3u) & 0xfu;
+    let m = b & 7u;
+    if (e == 0u) {
+        return bitcast<f32>(sign | bitcast<u32>(f32(m) * 0.001953125)); // m 2^-9
+    }
+    if (e == 15u && m == 7u) {
+        return bitcast<f32>(0x7fc00000u);
+    }
+    return bitcast<f32>(sign | ((e + 120u) << 23u) | (m << 20u));
+}
+
+fn elem(r: u32, j: u32) -> f32 {
+    return e4m3(wbyte(r * prm.row_bytes + j)) * scale_f32(r, j);
+}
+
+fn load8(r: u32, k: u32) -> array<f32, 8> {
+    let i = r * prm.row_bytes + k;
+    // Fast: the eight in two aligned words and under one scale.
+    if ((i & 3u) != 0u || (prm.s_cols & 7u) != 0u) {
+        return load8_each(r, k);
+    }
+    let s = scale_f32(r, k);
+    let a = wword(i);
+    let b = wword(i + 4u);
+    return array<f32, 8>(
+        e4m3(a & 0xffu) * s, e4m3((a >> 8u) & 0xffu) * s,
+        e4m3((a >> 16u) & 0xffu) * s, e4m3(a >> 24u) * s,
+        e4m3(b & 0xffu) * s, e4m3((b >> 8u) & 0xffu) * s,
+        e4m3((b >> 16u) & 0xffu) * s, e4m3(b >> 24u) * s);
+}
