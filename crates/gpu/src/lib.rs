@@ -11,12 +11,14 @@
 mod matrix;
 mod offload;
 mod packed;
+mod product;
 mod read;
+mod shader;
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-pub use matrix::{GpuMatrix, WeightFormat};
+pub use matrix::{GpuMatrix, Tile, WeightFormat};
 pub use offload::Offload;
 
 /// What `--device` asks for.
@@ -177,13 +179,18 @@ pub struct Gpu {
     max_binding: u64,
     /// The adapter's own limit (`max_binding` may be set lower).
     binding_limit: u64,
-    /// The product pipeline of each [`WeightFormat`] (by `index()`).
-    matmul: Vec<wgpu::ComputePipeline>,
+    /// The product pipelines, made at first use: one per [`WeightFormat`] and [`Tile`]
+    /// (`format.index() * Tile::ALL.len() + tile.index()`).
+    matmul: Vec<std::sync::OnceLock<wgpu::ComputePipeline>>,
+    /// A tile every product takes (`STRATA_GPU_TILE=RxT`, for measurements); None: by tokens.
+    forced_tile: Option<Tile>,
     read: wgpu::ComputePipeline,
     /// Errors the device reported outside any error scope (validation, loss), oldest first.
     errors: Arc<Mutex<Vec<String>>>,
     /// The buffers products run through, one product at a time.
-    scratch: Mutex<matrix::Scratch>,
+    scratch: Mutex<product::Scratch>,
+    matmul_layout: wgpu::BindGroupLayout,
+    matmul_pipeline_layout: wgpu::PipelineLayout,
 }
 
 impl Gpu {
@@ -210,11 +217,23 @@ impl Gpu {
             }
         }));
         let max_binding = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
-        let matmul = WeightFormat::ALL
-            .iter()
-            .map(|f| pipeline(&device, &format!("matmul {f:?}"), &f.shader()))
+        let matmul = (0..WeightFormat::ALL.len() * Tile::ALL.len())
+            .map(|_| Default::default())
             .collect();
+        let forced_tile = match std::env::var("STRATA_GPU_TILE") {
+            Ok(v) => Some(v.parse::<Tile>().map_err(|e| GpuError::Device {
+                adapter: adapter.to_string(),
+                reason: format!("STRATA_GPU_TILE: {e}"),
+            })?),
+            Err(_) => None,
+        };
         let read = pipeline(&device, "read", include_str!("shaders/read.wgsl"));
+        let matmul_layout = product::matmul_layout(&device);
+        let matmul_pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some("matmul"),
+            bind_group_layouts: &[Some(&matmul_layout)],
+            immediate_size: 0,
+        });
         Ok(Gpu {
             device,
             queue,
@@ -222,9 +241,12 @@ impl Gpu {
             max_binding,
             binding_limit: max_binding,
             matmul,
+            forced_tile,
             read,
             errors,
             scratch: Mutex::default(),
+            matmul_layout,
+            matmul_pipeline_layout,
         })
     }
 

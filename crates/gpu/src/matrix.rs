@@ -39,27 +39,79 @@ impl WeightFormat {
         }
     }
 
-    /// The format's WGSL: the product shader with its element functions.
-    pub(crate) fn shader(self) -> String {
-        let float = include_str!("shaders/float.wgsl");
-        let packed = include_str!("shaders/packed.wgsl");
-        let functions = match self {
-            WeightFormat::Bf16 => [include_str!("shaders/bf16.wgsl"), float].concat(),
-            WeightFormat::F16 => [include_str!("shaders/f16.wgsl"), float].concat(),
-            WeightFormat::F32 => [include_str!("shaders/f32.wgsl"), float].concat(),
-            WeightFormat::Int8 => [packed, include_str!("shaders/int8.wgsl")].concat(),
-            WeightFormat::Fp8 => [packed, include_str!("shaders/fp8.wgsl")].concat(),
-            WeightFormat::Int4 => [packed, include_str!("shaders/int4.wgsl")].concat(),
-            WeightFormat::Mxfp4 => [packed, include_str!("shaders/mxfp4.wgsl")].concat(),
-        };
-        let word = if self == WeightFormat::F32 { "f32" } else { "u32" };
-        include_str!("shaders/matmul.wgsl")
-            .replace("WORD", word)
-            .replace("FORMAT_FUNCTIONS", &functions)
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// The block of rows and tokens one workgroup of the product shader computes. Every tile gives
+/// each output the same sum, step by step; they differ in how many weights and activations an
+/// invocation loads and reuses at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tile {
+    pub rows: u32,
+    pub tokens: u32,
+}
+
+impl Tile {
+    /// The tiles there are pipelines for.
+    pub const ALL: [Tile; 10] = [
+        Tile::new(1, 1),
+        Tile::new(2, 1),
+        Tile::new(4, 1),
+        Tile::new(8, 1),
+        Tile::new(1, 4),
+        Tile::new(2, 4),
+        Tile::new(4, 4),
+        Tile::new(1, 8),
+        Tile::new(2, 8),
+        Tile::new(4, 8),
+    ];
+
+    const fn new(rows: u32, tokens: u32) -> Tile {
+        Tile { rows, tokens }
+    }
+
+    /// The tile a product of `tokens` with a matrix of `rows` takes: measured on an NVIDIA H200
+    /// (`gpu_matvec`, docs/PERFORMANCE.md), two rows a workgroup for one token of a matrix with
+    /// fewer than 16,384 rows (more workgroups at once would only wait on the same reads), one
+    /// row for larger ones, and two rows x four tokens for any prompt.
+    pub fn for_product(tokens: usize, rows: usize) -> Tile {
+        match (tokens, rows) {
+            (1, 16384..) => Tile::new(1, 1),
+            (1, _) => Tile::new(2, 1),
+            _ => Tile::new(2, 4),
+        }
     }
 
     pub(crate) fn index(self) -> usize {
-        self as usize
+        Tile::ALL
+            .iter()
+            .position(|&t| t == self)
+            .expect("tiles come from ALL")
+    }
+}
+
+impl std::str::FromStr for Tile {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Tile, String> {
+        let tiles = || {
+            let all: Vec<String> = Tile::ALL.iter().map(|t| t.to_string()).collect();
+            format!("{s:?} is not a tile: one of {}", all.join(", "))
+        };
+        let (r, t) = s.split_once('x').ok_or_else(tiles)?;
+        let tile = Tile::new(r.parse().map_err(|_| tiles())?, t.parse().map_err(|_| tiles())?);
+        if Tile::ALL.contains(&tile) {
+            Ok(tile)
+        } else {
+            Err(tiles())
+        }
+    }
+}
+
+impl std::fmt::Display for Tile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}x{}", self.rows, self.tokens)
     }
 }
 
@@ -95,6 +147,8 @@ pub(crate) struct Chunk {
     /// Byte offset of the chunk's scales in its buffer (packed formats).
     pub s_off: u32,
     pub buffer: wgpu::Buffer,
+    /// Its bind group with the product buffers of generation `.0` (made once per generation).
+    pub bind: std::sync::Mutex<Option<(u64, wgpu::BindGroup)>>,
 }
 
 impl GpuMatrix {
@@ -119,20 +173,20 @@ impl GpuMatrix {
 
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct MatmulParams {
-    rows: u32,
-    in_dim: u32,
-    tokens: u32,
-    out_stride: u32,
-    row0: u32,
-    grid_x: u32,
-    elem0: u32,
-    s_off: u32,
-    scales: ScaleLayout,
+pub(crate) struct MatmulParams {
+    pub rows: u32,
+    pub in_dim: u32,
+    pub tokens: u32,
+    pub out_stride: u32,
+    pub row0: u32,
+    pub grid_x: u32,
+    pub elem0: u32,
+    pub s_off: u32,
+    pub scales: ScaleLayout,
 }
 
 impl MatmulParams {
-    fn bytes(&self) -> [u8; 48] {
+    pub(crate) fn bytes(&self) -> [u8; 48] {
         let v = [
             self.rows,
             self.in_dim,
@@ -156,9 +210,7 @@ impl MatmulParams {
 }
 
 /// Workgroups per dispatch dimension (WebGPU's minimum limit, which every adapter has).
-const MAX_GROUPS: usize = 65535;
-/// Tokens per workgroup of the matmul shaders (`TB` in the WGSL).
-const TOKEN_BLOCK: usize = 8;
+pub(crate) const MAX_GROUPS: usize = 65535;
 
 pub(crate) fn u32_of(v: usize, what: &str) -> Result<u32, GpuError> {
     u32::try_from(v)
@@ -179,6 +231,24 @@ impl Gpu {
     /// Uploads F32 weights (`w`: rows x `in_dim`, row-major).
     pub fn upload_f32(&self, w: &[f32], in_dim: usize) -> Result<GpuMatrix, GpuError> {
         self.upload(WeightFormat::F32, &f32_bytes(w), w.len(), in_dim)
+    }
+
+    /// A chunk of `rows` rows from `row0` whose buffer holds `data`, padded to whole 16-byte words.
+    pub(crate) fn chunk(&self, row0: usize, rows: usize, elem0: u32, s_off: u32, mut data: Vec<u8>) -> Chunk {
+        data.resize(data.len().div_ceil(16) * 16, 0);
+        let buffer = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("weights"),
+            contents: &data,
+            usage: wgpu::BufferUsages::STORAGE,
+        });
+        Chunk {
+            row0,
+            rows,
+            elem0,
+            s_off,
+            buffer,
+            bind: Default::default(),
+        }
     }
 
     /// Uploads `n` weights of `format` (`bytes`, little-endian), split by rows so that no chunk
@@ -214,20 +284,8 @@ impl Gpu {
             let first = row0 * in_dim;
             let start = first / per_word * per_word;
             let end = (row0 + take) * in_dim;
-            let mut data = bytes[start * size..end * size].to_vec();
-            data.resize(data.len().div_ceil(16) * 16, 0);
-            let buffer = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("weights"),
-                contents: &data,
-                usage: wgpu::BufferUsages::STORAGE,
-            });
-            chunks.push(Chunk {
-                row0,
-                rows: take,
-                elem0: (first - start) as u32,
-                s_off: 0,
-                buffer,
-            });
+            let data = bytes[start * size..end * size].to_vec();
+            chunks.push(self.chunk(row0, take, (first - start) as u32, 0, data));
             row0 += take;
         }
         Ok(GpuMatrix {
@@ -238,196 +296,6 @@ impl Gpu {
             scales: ScaleLayout::default(),
         })
     }
-
-    /// `ys[t * rows + r] = dot(row r, xs[t])` for the `tokens` activations in `xs` (T x in_dim),
-    /// as the CPU's `Linear::matmul` lays them out. Each output's sum runs in the same order
-    /// whatever `tokens` is.
-    pub fn matmul(&self, m: &GpuMatrix, xs: &[f32], tokens: usize) -> Result<Vec<f32>, GpuError> {
-        if tokens == 0 || xs.len() != tokens * m.in_dim {
-            return Err(GpuError::Shape(format!(
-                "activations of {} values are not {tokens} tokens of {}",
-                xs.len(),
-                m.in_dim
-            )));
-        }
-        let out_len = tokens * m.rows;
-        let out_bytes = (out_len * 4) as u64;
-        // One product at a time through buffers kept for the next (no buffers made per product).
-        let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let Scratch { x, y, staging } = &mut *scratch;
-        let use_x = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
-        let x_buf = ensure(&self.device, x, (xs.len() * 4) as u64, use_x, "activations");
-        self.queue.write_buffer(x_buf, 0, &f32_bytes(xs));
-        let use_y = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC;
-        let y_buf = ensure(&self.device, y, out_bytes, use_y, "outputs");
-        let use_s = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
-        let staging = ensure(&self.device, staging, out_bytes, use_s, "read back");
-        let mut enc = self.device.create_command_encoder(&Default::default());
-        let _params = self.encode_matmul(&mut enc, m, x_buf, y_buf, tokens)?;
-        self.read_back(enc, y_buf, staging, out_len)
-    }
-
-    /// Records the dispatches of one product into `enc`; returns the parameter buffers, which
-    /// must live until it is submitted.
-    fn encode_matmul(
-        &self,
-        enc: &mut wgpu::CommandEncoder,
-        m: &GpuMatrix,
-        x_buf: &wgpu::Buffer,
-        y_buf: &wgpu::Buffer,
-        tokens: usize,
-    ) -> Result<Vec<wgpu::Buffer>, GpuError> {
-        let groups_z = tokens.div_ceil(TOKEN_BLOCK);
-        if groups_z > MAX_GROUPS {
-            return Err(GpuError::Shape(format!("{tokens} tokens in one product")));
-        }
-        let mut params = Vec::new();
-        for c in &m.chunks {
-            let grid_x = c.rows.min(MAX_GROUPS);
-            let grid_y = c.rows.div_ceil(grid_x);
-            let p = MatmulParams {
-                rows: c.rows as u32,
-                in_dim: m.in_dim as u32,
-                tokens: u32_of(tokens, "token count")?,
-                out_stride: m.rows as u32,
-                row0: c.row0 as u32,
-                grid_x: grid_x as u32,
-                elem0: c.elem0,
-                s_off: c.s_off,
-                scales: m.scales,
-            };
-            let ub = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("matmul params"),
-                contents: &p.bytes(),
-                usage: wgpu::BufferUsages::UNIFORM,
-            });
-            let pipeline = &self.matmul[m.format.index()];
-            let layout = pipeline.get_bind_group_layout(0);
-            let bind = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: None,
-                layout: &layout,
-                entries: &[
-                    entry(0, &c.buffer),
-                    entry(1, x_buf),
-                    entry(2, y_buf),
-                    entry(3, &ub),
-                ],
-            });
-            let mut pass = enc.begin_compute_pass(&Default::default());
-            pass.set_pipeline(pipeline);
-            pass.set_bind_group(0, &bind, &[]);
-            pass.dispatch_workgroups(grid_x as u32, grid_y as u32, groups_z as u32);
-            drop(pass);
-            params.push(ub);
-        }
-        Ok(params)
-    }
-
-    /// Seconds per product of `m` with `tokens` activations, averaged over `reps` products
-    /// submitted together (weights and activations already on the GPU; no read back).
-    pub fn time_matmul(&self, m: &GpuMatrix, tokens: usize, reps: usize) -> Result<f64, GpuError> {
-        let xs: Vec<f32> = (0..tokens * m.in_dim)
-            .map(|i| ((i % 97) as f32 - 48.0) / 64.0)
-            .collect();
-        let x_buf = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some("activations"),
-            contents: &f32_bytes(&xs),
-            usage: wgpu::BufferUsages::STORAGE,
-        });
-        let y_buf = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("outputs"),
-            size: (tokens * m.rows * 4) as u64,
-            usage: wgpu::BufferUsages::STORAGE,
-            mapped_at_creation: false,
-        });
-        let run = |n: usize| -> Result<f64, GpuError> {
-            let mut enc = self.device.create_command_encoder(&Default::default());
-            let mut keep = Vec::new();
-            for _ in 0..n {
-                keep.push(self.encode_matmul(&mut enc, m, &x_buf, &y_buf, tokens)?);
-            }
-            let t = std::time::Instant::now();
-            self.queue.submit([enc.finish()]);
-            self.wait("timed product")?;
-            Ok(t.elapsed().as_secs_f64())
-        };
-        run(1)?; // warm-up: pipelines, first touch
-        Ok(run(reps.max(1))? / reps.max(1) as f64)
-    }
-
-    /// Submits `enc` with a copy of `src` into `staging` (mappable, at least `len` floats) and
-    /// returns its `len` floats.
-    pub(crate) fn read_back(
-        &self,
-        mut enc: wgpu::CommandEncoder,
-        src: &wgpu::Buffer,
-        staging: &wgpu::Buffer,
-        len: usize,
-    ) -> Result<Vec<f32>, GpuError> {
-        let bytes = (len * 4) as u64;
-        enc.copy_buffer_to_buffer(src, 0, staging, 0, bytes);
-        self.queue.submit([enc.finish()]);
-        let slice = staging.slice(..bytes);
-        let (tx, rx) = std::sync::mpsc::channel();
-        slice.map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
-        self.wait("product")?;
-        match rx.recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                return Err(GpuError::Run {
-                    what: "reading results back".into(),
-                    reason: e.to_string(),
-                })
-            }
-            Err(_) => {
-                return Err(GpuError::Run {
-                    what: "reading results back".into(),
-                    reason: "the mapping never completed".into(),
-                })
-            }
-        }
-        let data = slice.get_mapped_range().map_err(|e| GpuError::Run {
-            what: "reading results back".into(),
-            reason: e.to_string(),
-        })?;
-        let out = data
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
-        drop(data);
-        staging.unmap();
-        Ok(out)
-    }
-}
-
-/// Buffers one product at a time works through, kept and grown for the next.
-#[derive(Default)]
-pub(crate) struct Scratch {
-    x: Option<wgpu::Buffer>,
-    y: Option<wgpu::Buffer>,
-    staging: Option<wgpu::Buffer>,
-}
-
-/// `slot`'s buffer, made anew (a power of two of bytes) when it is missing or smaller than
-/// `bytes`.
-fn ensure<'a>(
-    device: &wgpu::Device,
-    slot: &'a mut Option<wgpu::Buffer>,
-    bytes: u64,
-    usage: wgpu::BufferUsages,
-    label: &str,
-) -> &'a wgpu::Buffer {
-    if slot.as_ref().is_none_or(|b| b.size() < bytes) {
-        *slot = Some(device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(label),
-            size: bytes.max(16).next_power_of_two(),
-            usage,
-            mapped_at_creation: false,
-        }));
-    }
-    slot.as_ref().expect("made above")
 }
 
 pub(crate) fn entry(binding: u32, buffer: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {

@@ -1,9 +1,7 @@
 //! Weights of the packed formats (INT8, FP8 block, INT4 g, MXFP4) in GPU memory: each chunk of
 //! rows holds the checkpoint's bytes of its rows and, behind them, the scales of those rows.
 
-use wgpu::util::DeviceExt;
-
-use crate::matrix::{u16_bytes, u32_of, Chunk, GpuMatrix, ScaleLayout, WeightFormat};
+use crate::matrix::{u16_bytes, u32_of, GpuMatrix, ScaleLayout, WeightFormat};
 use crate::{Gpu, GpuError};
 
 /// A packed matrix as the CPU holds it: bytes of weights per row and its scales.
@@ -149,19 +147,7 @@ impl Gpu {
             let s0 = row0 / p.block_rows * scale_row;
             let s1 = (row0 + take).div_ceil(p.block_rows) * scale_row;
             data.extend_from_slice(&p.scales[s0..s1]);
-            data.resize(data.len().div_ceil(16) * 16, 0);
-            let buffer = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("weights"),
-                contents: &data,
-                usage: wgpu::BufferUsages::STORAGE,
-            });
-            chunks.push(Chunk {
-                row0,
-                rows: take,
-                elem0: 0,
-                s_off: s_off as u32,
-                buffer,
-            });
+            chunks.push(self.chunk(row0, take, 0, s_off as u32, data));
             row0 += take;
         }
         Ok(GpuMatrix {

@@ -3,7 +3,7 @@
 //! (`apt-get install mesa-vulkan-drivers libvulkan1`) is one. Only where the environment says
 //! there is none (`STRATA_NO_GPU=1`) do they pass without running.
 
-use strata_gpu::{select, Gpu, GpuError, Preference, Selection};
+use strata_gpu::{select, Gpu, GpuError, Preference, Selection, Tile};
 use strata_kernels::WeightData;
 
 fn gpu() -> Option<Gpu> {
@@ -306,6 +306,30 @@ fn auto_takes_a_discrete_gpu_and_never_a_software_adapter() {
                 "auto fell back to the CPU ({why}) though a discrete GPU exists"
             );
             assert!(!why.is_empty());
+        }
+    }
+}
+
+#[test]
+fn every_tile_gives_every_output_the_same_bits() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng(0x7117_0000_dead_0001);
+    for kind in 0..KINDS {
+        let rows = 1 + rng.below(37);
+        let in_dim = 1 + rng.below(700);
+        let tokens = 1 + rng.below(13);
+        let w = Weights::random(kind, rows, in_dim, &mut rng);
+        let xs = rng.f32s(tokens * in_dim);
+        let m = w.upload(&g).unwrap();
+        let want = g.matmul(&m, &xs, tokens).unwrap();
+        for tile in Tile::ALL {
+            let got = g.matmul_tile(&m, &xs, tokens, tile).unwrap();
+            let same = want.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "{} {rows}x{in_dim}, {tokens} tokens: tile {tile} differs",
+                w.name()
+            );
         }
     }
 }

@@ -2,9 +2,9 @@
 // and `load8(r, k)` below, filled in per format by the crate) against f32 activations.
 //
 // Order of the sums, fixed whatever the number of tokens (batch invariance): one workgroup of 64
-// invocations per (row, block of up to 8 tokens); invocation l takes the groups of 8 inputs
-// g = l, l + 64, l + 128, ... in order and adds each group's 8 products in input order to one
-// sum per token; the 64 sums are then added in a fixed tree. A token's sum never depends on the
+// invocations per block of RB rows and TB tokens; for each output, invocation l takes the groups
+// of 8 inputs g = l, l + 64, l + 128, ... in order and adds each group's 8 products in input
+// order to one sum; the 64 sums are then added in a fixed tree. A token's sum never depends on the
 // other tokens of its batch, and a row's on where it sits in memory (aligned groups are loaded as
 // vectors, others element by element: the same values in the same order).
 
@@ -24,70 +24,35 @@ struct Params {
 }
 
 @group(0) @binding(0) var<storage, read> w: array<vec4<WORD>>;
-@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<uniform> prm: Params;
 
 const LANES: u32 = 64u;
-const TB: u32 = 8u;
+// Rows and tokens per workgroup (filled in per pipeline by the crate). Each output's sum takes
+// the same steps whatever they are, so a token's bits do not depend on the pipeline its batch
+// size picked.
+const RB: u32 = ROWS_PER_GROUPu;
+const TB: u32 = TOKENS_PER_GROUPu;
+const OUTS: u32 = RB * TB;
 
-var<workgroup> part: array<array<f32, 8>, 64>;
+var<workgroup> part: array<array<f32, OUTS>, 64>;
 
 FORMAT_FUNCTIONS
 
-@compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l: u32) {
-    let r = wg.x + wg.y * prm.grid_x;
-    let t0 = wg.z * TB;
-    let nt = min(TB, prm.tokens - t0);
-    if (r >= prm.rows) {
-        return;
-    }
-    var acc = array<f32, 8>(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
-    let full = prm.in_dim / 8u;
-    // Loops over the tokens and a group's inputs have constant bounds (the compiler unrolls them,
-    // keeping the sums in registers); tokens past `nt` are skipped, not computed.
-    for (var g = l; g < full; g = g + LANES) {
-        let k = 8u * g;
-        let v = load8(r, k);
-        for (var t = 0u; t < TB; t = t + 1u) {
-            if (t < nt) {
-                let xi = (t0 + t) * prm.in_dim + k;
-                var s = acc[t];
-                for (var j = 0u; j < 8u; j = j + 1u) {
-                    s = s + v[j] * x[xi + j];
-                }
-                acc[t] = s;
-            }
-        }
-    }
-    // The last, partial group: invocation `full % 64` (the next in turn) takes it.
-    if (full * 8u < prm.in_dim && l == full % LANES) {
-        let k = 8u * full;
-        for (var t = 0u; t < TB; t = t + 1u) {
-            if (t < nt) {
-                let xi = (t0 + t) * prm.in_dim;
-                var s = acc[t];
-                for (var j = k; j < prm.in_dim; j = j + 1u) {
-                    s = s + elem(r, j) * x[xi + j];
-                }
-                acc[t] = s;
-            }
-        }
-    }
-    for (var t = 0u; t < TB; t = t + 1u) {
-        part[l][t] = acc[t];
-    }
-    workgroupBarrier();
-    for (var s = LANES / 2u; s > 0u; s = s / 2u) {
-        if (l < s) {
-            for (var t = 0u; t < TB; t = t + 1u) {
-                part[l][t] = part[l][t] + part[l + s][t];
-            }
-        }
-        workgroupBarrier();
-    }
-    if (l < nt) {
-        y[(t0 + l) * prm.out_stride + prm.row0 + r] = part[0][l];
-    }
+// Activations by element, and eight from element i (vector loads when i is on a 16-byte word).
+fn xe(i: u32) -> f32 {
+    return x[i >> 2u][i & 3u];
 }
+
+fn load_x8(i: u32) -> array<f32, 8> {
+    if ((i & 3u) == 0u) {
+        let a = x[i >> 2u];
+        let b = x[(i >> 2u) + 1u];
+        return array<f32, 8>(a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w);
+    }
+    return array<f32, 8>(xe(i), xe(i + 1u), xe(i + 2u), xe(i + 3u),
+                         xe(i + 4u), xe(i + 5u), xe(i + 6u), xe(i + 7u));
+}
+
+// `main` follows, written out per tile by the crate (`shader.rs`).

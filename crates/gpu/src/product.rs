@@ -1,0 +1,343 @@
+//! Running products: activations up, one dispatch per weight chunk, results back. A product
+//! makes no buffers: it writes into buffers kept for the next one, its parameters at dynamic
+//! offsets of one uniform buffer, and each chunk keeps its bind group while those buffers stay.
+
+use wgpu::util::DeviceExt;
+
+use crate::matrix::{entry, f32_bytes, u32_of, GpuMatrix, MatmulParams, Tile, WeightFormat, MAX_GROUPS};
+use crate::{Gpu, GpuError};
+
+/// Bytes between the parameter blocks of one product's chunks (at least the adapter's
+/// `min_uniform_buffer_offset_alignment`, which WebGPU caps at 256).
+pub(crate) const PARAMS_STRIDE: u64 = 256;
+const PARAMS_BYTES: u64 = 48;
+
+/// Buffers one product at a time works through, kept and grown for the next.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    x: Option<wgpu::Buffer>,
+    y: Option<wgpu::Buffer>,
+    staging: Option<wgpu::Buffer>,
+    params: Option<wgpu::Buffer>,
+    /// Bumped whenever `x`, `y` or `params` is made anew (the chunks' bind groups name them).
+    generation: u64,
+}
+
+/// One chunk's dispatch: its parameters and workgroups.
+struct Dispatch {
+    params: [u8; 48],
+    groups: [u32; 3],
+}
+
+/// The bind group layout every product pipeline shares (the uniform at a dynamic offset).
+pub(crate) fn matmul_layout(device: &wgpu::Device) -> wgpu::BindGroupLayout {
+    let storage = |binding, read_only| wgpu::BindGroupLayoutEntry {
+        binding,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer {
+            ty: wgpu::BufferBindingType::Storage { read_only },
+            has_dynamic_offset: false,
+            min_binding_size: None,
+        },
+        count: None,
+    };
+    device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+        label: Some("matmul"),
+        entries: &[
+            storage(0, true),
+            storage(1, true),
+            storage(2, false),
+            wgpu::BindGroupLayoutEntry {
+                binding: 3,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Uniform,
+                    has_dynamic_offset: true,
+                    min_binding_size: wgpu::BufferSize::new(PARAMS_BYTES),
+                },
+                count: None,
+            },
+        ],
+    })
+}
+
+impl Gpu {
+    /// `ys[t * rows + r] = dot(row r, xs[t])` for the `tokens` activations in `xs` (T x in_dim),
+    /// as the CPU's `Linear::matmul` lays them out. Each output's sum runs in the same order
+    /// whatever `tokens` is.
+    pub fn matmul(&self, m: &GpuMatrix, xs: &[f32], tokens: usize) -> Result<Vec<f32>, GpuError> {
+        let tile = self.forced_tile.unwrap_or(Tile::for_product(tokens, m.rows));
+        self.matmul_tile(m, xs, tokens, tile)
+    }
+
+    /// [`Gpu::matmul`] through the pipeline of `tile` (every tile gives the same bits).
+    pub fn matmul_tile(
+        &self,
+        m: &GpuMatrix,
+        xs: &[f32],
+        tokens: usize,
+        tile: Tile,
+    ) -> Result<Vec<f32>, GpuError> {
+        if tokens == 0 || xs.len() != tokens * m.in_dim {
+            return Err(GpuError::Shape(format!(
+                "activations of {} values are not {tokens} tokens of {}",
+                xs.len(),
+                m.in_dim
+            )));
+        }
+        let dispatches = dispatches(m, tokens, tile)?;
+        let out_len = tokens * m.rows;
+        let out_bytes = (out_len * 4) as u64;
+        let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let s = &mut *scratch;
+        let mut fresh = false;
+        let use_x = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
+        fresh |= ensure(
+            &self.device,
+            &mut s.x,
+            (xs.len() * 4) as u64,
+            use_x,
+            "activations",
+        );
+        let use_y = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC;
+        fresh |= ensure(&self.device, &mut s.y, out_bytes, use_y, "outputs");
+        let use_p = wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST;
+        let p_bytes = PARAMS_STRIDE * dispatches.len() as u64;
+        fresh |= ensure(&self.device, &mut s.params, p_bytes, use_p, "matmul params");
+        let use_s = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
+        ensure(&self.device, &mut s.staging, out_bytes, use_s, "read back");
+        s.generation += u64::from(fresh);
+        let (x, y, params) = (s.x.as_ref(), s.y.as_ref(), s.params.as_ref());
+        let (x, y, params) = (x.expect("made"), y.expect("made"), params.expect("made"));
+        self.queue.write_buffer(x, 0, &f32_bytes(xs));
+        for (i, d) in dispatches.iter().enumerate() {
+            self.queue
+                .write_buffer(params, i as u64 * PARAMS_STRIDE, &d.params);
+        }
+        let binds: Vec<wgpu::BindGroup> = m
+            .chunks
+            .iter()
+            .map(|c| {
+                let mut kept = c.bind.lock().unwrap_or_else(|e| e.into_inner());
+                match &*kept {
+                    Some((g, b)) if *g == s.generation => b.clone(),
+                    _ => {
+                        let b = self.matmul_bind(&c.buffer, x, y, params);
+                        *kept = Some((s.generation, b.clone()));
+                        b
+                    }
+                }
+            })
+            .collect();
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        self.record(&mut enc, m.format, tile, &dispatches, &binds);
+        self.read_back(enc, y, s.staging.as_ref().expect("made"), out_len)
+    }
+
+    /// Seconds per product of `m` with `tokens` activations through `tile`, averaged over
+    /// `reps` products submitted together (weights and activations already on the GPU; no read
+    /// back).
+    pub fn time_matmul(
+        &self,
+        m: &GpuMatrix,
+        tokens: usize,
+        reps: usize,
+        tile: Tile,
+    ) -> Result<f64, GpuError> {
+        // Whole 16-byte words, as the shaders read them.
+        let xs: Vec<f32> = (0..(tokens * m.in_dim).next_multiple_of(4))
+            .map(|i| ((i % 97) as f32 - 48.0) / 64.0)
+            .collect();
+        let x = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("activations"),
+            contents: &f32_bytes(&xs),
+            usage: wgpu::BufferUsages::STORAGE,
+        });
+        let y = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("outputs"),
+            size: (tokens * m.rows * 4) as u64,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
+        let dispatches = dispatches(m, tokens, tile)?;
+        let mut all = vec![0u8; PARAMS_STRIDE as usize * dispatches.len()];
+        for (i, d) in dispatches.iter().enumerate() {
+            all[i * PARAMS_STRIDE as usize..][..48].copy_from_slice(&d.params);
+        }
+        let params = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("matmul params"),
+            contents: &all,
+            usage: wgpu::BufferUsages::UNIFORM,
+        });
+        let binds: Vec<_> = m
+            .chunks
+            .iter()
+            .map(|c| self.matmul_bind(&c.buffer, &x, &y, &params))
+            .collect();
+        let run = |n: usize| -> Result<f64, GpuError> {
+            let mut enc = self.device.create_command_encoder(&Default::default());
+            for _ in 0..n {
+                self.record(&mut enc, m.format, tile, &dispatches, &binds);
+            }
+            let t = std::time::Instant::now();
+            self.queue.submit([enc.finish()]);
+            self.wait("timed product")?;
+            Ok(t.elapsed().as_secs_f64())
+        };
+        run(1)?; // warm-up: pipelines, first touch
+        Ok(run(reps.max(1))? / reps.max(1) as f64)
+    }
+
+    /// The product pipeline of `format` and `tile`, made at its first use.
+    fn matmul_pipeline(&self, format: WeightFormat, tile: Tile) -> &wgpu::ComputePipeline {
+        self.matmul[format.index() * Tile::ALL.len() + tile.index()].get_or_init(|| {
+            let label = format!("matmul {format:?} {tile}");
+            let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(&label),
+                source: wgpu::ShaderSource::Wgsl(crate::shader::matmul_source(format, tile).into()),
+            });
+            self.device
+                .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some(&label),
+                    layout: Some(&self.matmul_pipeline_layout),
+                    module: &module,
+                    entry_point: Some("main"),
+                    compilation_options: Default::default(),
+                    cache: None,
+                })
+        })
+    }
+
+    fn matmul_bind(
+        &self,
+        w: &wgpu::Buffer,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        params: &wgpu::Buffer,
+    ) -> wgpu::BindGroup {
+        self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &self.matmul_layout,
+            entries: &[
+                entry(0, w),
+                entry(1, x),
+                entry(2, y),
+                wgpu::BindGroupEntry {
+                    binding: 3,
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: params,
+                        offset: 0,
+                        size: wgpu::BufferSize::new(PARAMS_BYTES),
+                    }),
+                },
+            ],
+        })
+    }
+
+    /// Records one product's dispatches (chunk i with `binds[i]`, its parameters at offset
+    /// i * PARAMS_STRIDE) into one compute pass.
+    fn record(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        format: WeightFormat,
+        tile: Tile,
+        ds: &[Dispatch],
+        binds: &[wgpu::BindGroup],
+    ) {
+        let mut pass = enc.begin_compute_pass(&Default::default());
+        pass.set_pipeline(self.matmul_pipeline(format, tile));
+        for (i, (d, bind)) in ds.iter().zip(binds).enumerate() {
+            pass.set_bind_group(0, bind, &[(i as u64 * PARAMS_STRIDE) as u32]);
+            pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+        }
+    }
+
+    /// Submits `enc` with a copy of `src` into `staging` (mappable, at least `len` floats) and
+    /// returns its `len` floats.
+    pub(crate) fn read_back(
+        &self,
+        mut enc: wgpu::CommandEncoder,
+        src: &wgpu::Buffer,
+        staging: &wgpu::Buffer,
+        len: usize,
+    ) -> Result<Vec<f32>, GpuError> {
+        let bytes = (len * 4) as u64;
+        enc.copy_buffer_to_buffer(src, 0, staging, 0, bytes);
+        self.queue.submit([enc.finish()]);
+        let slice = staging.slice(..bytes);
+        let (tx, rx) = std::sync::mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait("product")?;
+        let fail = |reason: String| GpuError::Run {
+            what: "reading results back".into(),
+            reason,
+        };
+        match rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(fail(e.to_string())),
+            Err(_) => return Err(fail("the mapping never completed".into())),
+        }
+        let data = slice.get_mapped_range().map_err(|e| fail(e.to_string()))?;
+        let out = data
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        drop(data);
+        staging.unmap();
+        Ok(out)
+    }
+}
+
+/// Each chunk's parameters and workgroups for a product of `tokens` through `tile`.
+fn dispatches(m: &GpuMatrix, tokens: usize, tile: Tile) -> Result<Vec<Dispatch>, GpuError> {
+    let groups_z = tokens.div_ceil(tile.tokens as usize);
+    if groups_z > MAX_GROUPS {
+        return Err(GpuError::Shape(format!("{tokens} tokens in one product")));
+    }
+    m.chunks
+        .iter()
+        .map(|c| {
+            let blocks = c.rows.div_ceil(tile.rows as usize);
+            let grid_x = blocks.min(MAX_GROUPS);
+            let grid_y = blocks.div_ceil(grid_x);
+            let p = MatmulParams {
+                rows: c.rows as u32,
+                in_dim: m.in_dim as u32,
+                tokens: u32_of(tokens, "token count")?,
+                out_stride: m.rows as u32,
+                row0: c.row0 as u32,
+                grid_x: grid_x as u32,
+                elem0: c.elem0,
+                s_off: c.s_off,
+                scales: m.scales,
+            };
+            Ok(Dispatch {
+                params: p.bytes(),
+                groups: [grid_x as u32, grid_y as u32, groups_z as u32],
+            })
+        })
+        .collect()
+}
+
+/// Makes `slot`'s buffer anew (a power of two of bytes) when it is missing or smaller than
+/// `bytes`; says whether it did.
+fn ensure(
+    device: &wgpu::Device,
+    slot: &mut Option<wgpu::Buffer>,
+    bytes: u64,
+    usage: wgpu::BufferUsages,
+    label: &str,
+) -> bool {
+    if slot.as_ref().is_some_and(|b| b.size() >= bytes) {
+        return false;
+    }
+    *slot = Some(device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some(label),
+        size: bytes.max(16).next_power_of_two(),
+        usage,
+        mapped_at_creation: false,
+    }));
+    true
+}

@@ -1,0 +1,141 @@
+//! The product shader's `main`, written out for one tile: every row, token and group of a
+//! workgroup's step is its own statement on its own variables (no arrays indexed in loops, which
+//! compilers may keep in memory instead of registers), and a one-token tile loads up to four
+//! groups of weights before it uses the first, so their reads overlap.
+//!
+//! Each output's sum is the same whatever the tile: invocation l adds the products of groups
+//! l, l + 64, l + 128, ... in order, eight fused multiply-adds per group in input order, then
+//! the 64 sums go through a fixed tree (`matmul.wgsl`).
+
+use std::fmt::Write;
+
+use crate::matrix::{Tile, WeightFormat};
+
+/// The whole WGSL of `format`'s product through `tile`.
+pub(crate) fn matmul_source(format: WeightFormat, tile: Tile) -> String {
+    let float = include_str!("shaders/float.wgsl");
+    let packed = include_str!("shaders/packed.wgsl");
+    let functions = match format {
+        WeightFormat::Bf16 => [include_str!("shaders/bf16.wgsl"), float].concat(),
+        WeightFormat::F16 => [include_str!("shaders/f16.wgsl"), float].concat(),
+        WeightFormat::F32 => [include_str!("shaders/f32.wgsl"), float].concat(),
+        WeightFormat::Int8 => [packed, include_str!("shaders/int8.wgsl")].concat(),
+        WeightFormat::Fp8 => [packed, include_str!("shaders/fp8.wgsl")].concat(),
+        WeightFormat::Int4 => [packed, include_str!("shaders/int4.wgsl")].concat(),
+        WeightFormat::Mxfp4 => [packed, include_str!("shaders/mxfp4.wgsl")].concat(),
+    };
+    let word = if format == WeightFormat::F32 { "f32" } else { "u32" };
+    let mut s = include_str!("shaders/matmul.wgsl")
+        .replace("WORD", word)
+        .replace("ROWS_PER_GROUP", &tile.rows.to_string())
+        .replace("TOKENS_PER_GROUP", &tile.tokens.to_string())
+        .replace("FORMAT_FUNCTIONS", &functions);
+    main(&mut s, tile.rows as usize, tile.tokens as usize);
+    s
+}
+
+/// Groups of weights a one-token tile loads ahead.
+const AHEAD: usize = 4;
+
+fn main(s: &mut String, rb: usize, tb: usize) {
+    // At most 64 weights loaded ahead per invocation (registers).
+    let unroll = if tb == 1 { (8 / rb).clamp(1, AHEAD) } else { 1 };
+    let mut o = String::new();
+    o.push_str(
+        "\n@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l: u32) {
+    let r0 = (wg.x + wg.y * prm.grid_x) * RB;
+    let t0 = wg.z * TB;
+    if (r0 >= prm.rows) {
+        return;
+    }
+    // Rows and tokens past the ends are computed on the last ones and never written.
+",
+    );
+    for i in 0..rb {
+        let _ = writeln!(o, "    let r_{i} = min(r0 + {i}u, prm.rows - 1u);");
+    }
+    for t in 0..tb {
+        let _ = writeln!(o, "    let x_{t} = min(t0 + {t}u, prm.tokens - 1u) * prm.in_dim;");
+    }
+    for i in 0..rb {
+        for t in 0..tb {
+            let _ = writeln!(o, "    var a_{i}_{t} = 0.0;");
+        }
+    }
+    o.push_str("    let full = prm.in_dim / 8u;\n    var g = l;\n");
+    if unroll > 1 {
+        let _ = writeln!(
+            o,
+            "    for (; g + {}u < full; g = g + {}u) {{",
+            64 * (unroll - 1),
+            64 * unroll
+        );
+        step(&mut o, rb, tb, unroll);
+        o.push_str("    }\n");
+    }
+    o.push_str("    for (; g < full; g = g + LANES) {\n");
+    step(&mut o, rb, tb, 1);
+    o.push_str("    }\n");
+    // The last, partial group: invocation `full % 64` (the next in turn) takes it.
+    o.push_str("    if (full * 8u < prm.in_dim && l == full % LANES) {\n");
+    for i in 0..rb {
+        for t in 0..tb {
+            let _ = writeln!(
+                o,
+                "        for (var j = 8u * full; j < prm.in_dim; j = j + 1u) {{ a_{i}_{t} = fma(elem(r_{i}, j), xe(x_{t} + j), a_{i}_{t}); }}"
+            );
+        }
+    }
+    o.push_str("    }\n");
+    for i in 0..rb {
+        for t in 0..tb {
+            let _ = writeln!(o, "    part[l][{}u] = a_{i}_{t};", i * tb + t);
+        }
+    }
+    o.push_str(
+        "    workgroupBarrier();
+    for (var s = LANES / 2u; s > 0u; s = s / 2u) {
+        if (l < s) {
+            for (var o = 0u; o < OUTS; o = o + 1u) {
+                part[l][o] = part[l][o] + part[l + s][o];
+            }
+        }
+        workgroupBarrier();
+    }
+    for (var o = l; o < OUTS; o = o + LANES) {
+        let r = r0 + o / TB;
+        let t = t0 + o % TB;
+        if (r < prm.rows && t < prm.tokens) {
+            y[t * prm.out_stride + prm.row0 + r] = part[0][o];
+        }
+    }
+}
+",
+    );
+    s.push_str(&o);
+}
+
+/// One step of the group loop: `unroll` groups (g, g + 64, ...), their weights loaded first,
+/// then each group's products in order.
+fn step(o: &mut String, rb: usize, tb: usize, unroll: usize) {
+    for u in 0..unroll {
+        let _ = writeln!(o, "        let k_{u} = 8u * (g + {}u);", 64 * u);
+        for i in 0..rb {
+            let _ = writeln!(o, "        let w_{i}_{u} = load8(r_{i}, k_{u});");
+        }
+    }
+    for u in 0..unroll {
+        for t in 0..tb {
+            let _ = writeln!(o, "        let v_{t}_{u} = load_x8(x_{t} + k_{u});");
+            for i in 0..rb {
+                for j in 0..8 {
+                    let _ = writeln!(
+                        o,
+                        "        a_{i}_{t} = fma(w_{i}_{u}[{j}], v_{t}_{u}[{j}], a_{i}_{t});"
+                    );
+                }
+            }
+        }
+    }
+}
