@@ -30,7 +30,11 @@ fn on_gpu(args: &[&str]) -> Option<(Value, String)> {
         panic!("strata --device gpu {args:?} failed: {stderr}");
     }
     let stdout = String::from_utf8(out.stdout).expect("utf-8 stdout");
-    let json = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{args:?}: {e}: {stdout}"));
+    // One JSON document (`logits`), or report lines and then one (`bench --json`).
+    let doc = stdout.trim().lines().last().unwrap_or("");
+    let json = serde_json::from_str(stdout.trim())
+        .or_else(|_| serde_json::from_str(doc))
+        .unwrap_or_else(|e| panic!("{args:?}: {e}: {stdout}"));
     Some((json, stderr))
 }
 
@@ -69,6 +73,43 @@ fn streamed_weights_give_the_bits_of_resident_ones_on_the_gpu() {
         assert_eq!(
             streamed, resident,
             "{name}: streamed layers changed the logits on the GPU"
+        );
+    }
+}
+
+/// `strata --device gpu --gpu-experts EXTRA ARGS`: its JSON output.
+fn with_gpu_experts(extra: &[&str], args: &[&str]) -> Value {
+    let all: Vec<&str> = ["--gpu-experts"]
+        .iter()
+        .chain(extra)
+        .chain(args)
+        .copied()
+        .collect();
+    on_gpu(&all).expect("the GPU answered before").0
+}
+
+#[test]
+fn routed_experts_on_the_gpu_match_the_goldens_also_when_few_fit() {
+    if on_gpu(&["logits", "--ids", "1,2,3"]).is_none() {
+        return;
+    }
+    for name in BF16_MODELS.iter().chain(QUANTIZED_MODELS) {
+        common::check_goldens(name, &|args| with_gpu_experts(&[], args));
+        // 64 KiB of GPU memory: less than one layer's experts in every fixture, so some experts
+        // are kept there and the rest computed on the CPU.
+        common::check_goldens(name, &|args| with_gpu_experts(&["--gpu-mem", "64K"], args));
+    }
+    let dir = fixture("qwen3-moe-tiny");
+    let dir = dir.to_str().unwrap();
+    for budget in ["1G", "64K"] {
+        let bench = with_gpu_experts(
+            &["--gpu-mem", budget],
+            &["bench", "-m", dir, "--prompt-len", "4", "--tokens", "3", "--json"],
+        );
+        let experts = bench["gpu"]["expert_products"].as_u64().unwrap_or(0);
+        assert!(
+            experts > 0,
+            "--gpu-mem {budget}: no expert's product ran on the GPU: {bench}"
         );
     }
 }

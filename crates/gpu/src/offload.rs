@@ -1,6 +1,8 @@
 //! The GPU as the device of `strata_kernels::offload`: weights of the formats with GPU kernels
 //! are kept in GPU memory from their first product up to a byte budget; the others (streamed,
-//! past the budget) are copied for each product.
+//! past the budget) are copied for each product. With `experts`, routed experts are kept too
+//! while the budget has room, for as long as the expert cache keeps them (a kept copy gives its
+//! bytes back to the budget when it is dropped): a VRAM tier inside the RAM one.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -14,10 +16,13 @@ use crate::{Gpu, GpuError, GpuMatrix};
 pub struct Offload {
     gpu: Arc<Gpu>,
     budget: u64,
-    used: AtomicU64,
-    /// Set at the first allocation the device refused: nothing more is uploaded.
-    full: AtomicBool,
+    used: Arc<AtomicU64>,
+    /// Set at an allocation the device refused: nothing more is kept until a kept copy goes.
+    full: Arc<AtomicBool>,
+    /// Whether routed experts run here (`--gpu-experts`).
+    experts: bool,
     products: Arc<AtomicU64>,
+    expert_products: Arc<AtomicU64>,
     /// Bytes copied for one product only (streamed weights, weights past the budget).
     streamed: AtomicU64,
 }
@@ -25,13 +30,16 @@ pub struct Offload {
 impl Offload {
     /// `budget`: bytes of weights the GPU may hold (`--gpu-mem`); None: until an allocation
     /// fails.
-    pub fn new(gpu: Gpu, budget: Option<u64>) -> Offload {
+    /// `experts`: routed experts' products run here too, from copies kept within the budget.
+    pub fn new(gpu: Gpu, budget: Option<u64>, experts: bool) -> Offload {
         Offload {
             gpu: Arc::new(gpu),
             budget: budget.unwrap_or(u64::MAX),
-            used: AtomicU64::new(0),
-            full: AtomicBool::new(false),
+            used: Arc::default(),
+            full: Arc::default(),
+            experts,
             products: Arc::new(AtomicU64::new(0)),
+            expert_products: Arc::new(AtomicU64::new(0)),
             streamed: AtomicU64::new(0),
         }
     }
@@ -50,9 +58,14 @@ impl Offload {
         self.streamed.load(Ordering::Relaxed)
     }
 
-    /// Products run on the GPU so far.
+    /// Products run on the GPU so far (routed experts' included).
     pub fn products(&self) -> u64 {
-        self.products.load(Ordering::Relaxed)
+        self.products.load(Ordering::Relaxed) + self.expert_products()
+    }
+
+    /// Routed experts' products run on the GPU so far.
+    pub fn expert_products(&self) -> u64 {
+        self.expert_products.load(Ordering::Relaxed)
     }
 
     fn reserve(&self, bytes: u64) -> bool {
@@ -80,11 +93,21 @@ impl Device for Offload {
         let scope = g.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let m = g.upload_weights(&lin.data, lin.in_dim).expect("checked above");
         let refused = pollster::block_on(scope.pop()).is_some();
+        let counter = if lin.is_routed_expert() {
+            &self.expert_products
+        } else {
+            &self.products
+        };
         match m {
             Ok(m) if !refused => Some(Box::new(Resident {
                 gpu: self.gpu.clone(),
                 m,
-                products: self.products.clone(),
+                products: counter.clone(),
+                _lease: Lease {
+                    bytes,
+                    used: self.used.clone(),
+                    full: self.full.clone(),
+                },
             })),
             _ => {
                 self.used.fetch_sub(bytes, Ordering::Relaxed);
@@ -93,6 +116,26 @@ impl Device for Offload {
                 }
                 None
             }
+        }
+    }
+
+    fn takes_experts(&self) -> bool {
+        self.experts
+    }
+}
+
+/// A kept copy's bytes of the budget, given back when the copy goes.
+struct Lease {
+    bytes: u64,
+    used: Arc<AtomicU64>,
+    full: Arc<AtomicBool>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if self.bytes > 0 {
+            self.used.fetch_sub(self.bytes, Ordering::Relaxed);
+            self.full.store(false, Ordering::Relaxed);
         }
     }
 }
@@ -127,6 +170,8 @@ struct Resident {
     gpu: Arc<Gpu>,
     m: GpuMatrix,
     products: Arc<AtomicU64>,
+    /// Gives the copy's bytes back to the budget when it goes.
+    _lease: Lease,
 }
 
 impl DeviceMatrix for Resident {

@@ -1,10 +1,14 @@
 //! Matrix products on another device (the GPU backend, `strata-gpu`), installed once per
-//! process. Every `matmul` of a weight whose format the device has kernels for runs there
-//! (except routed experts, marked [`Linear::cpu_only`], which stay on the CPU for now), whatever
-//! the number of tokens, so each output's sum takes one fixed path (batch invariance) and a
-//! streamed weight gives the bits of a resident one. A weight that owns its elements (resident)
-//! is copied to the device at its first product and kept there while the budget has room; a
-//! streamed one, or one past the budget, is copied for each product.
+//! process. Every `matmul` of a weight whose format the device has kernels for runs there,
+//! whatever the number of tokens, so each output's sum takes one fixed path (batch invariance)
+//! and a streamed weight gives the bits of a resident one. A weight that owns its elements
+//! (resident) is copied to the device at its first product and kept there while the budget has
+//! room; a streamed one, or one past the budget, is copied for each product.
+//!
+//! Routed experts (marked [`Linear::routed_expert`]) go to the device only when it takes them
+//! ([`Device::takes_experts`]) and only as kept copies: an expert is copied at its first product
+//! when the budget has room and stays there as long as its owner (the expert cache) keeps it;
+//! one that finds no room is computed on the CPU, never copied for one product.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,6 +22,11 @@ pub trait Device: Send + Sync {
     /// (`keep`: a copy kept for later products, counted against the budget) the budget has no
     /// room for it.
     fn upload(&self, lin: &Linear, keep: bool) -> Option<Box<dyn DeviceMatrix>>;
+
+    /// Whether routed experts' products may run here (as kept copies only).
+    fn takes_experts(&self) -> bool {
+        false
+    }
 }
 
 /// One matrix on a device: `ys` (T x out) for `xs` (T x in), as [`Linear::matmul`] lays them out.
@@ -42,13 +51,13 @@ pub fn installed() -> bool {
 #[derive(Clone, Default)]
 pub struct DeviceCopy {
     kept: OnceLock<Option<Arc<dyn DeviceMatrix>>>,
-    cpu_only: bool,
+    expert: bool,
 }
 
 impl fmt::Debug for DeviceCopy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = match (self.cpu_only, self.kept.get()) {
-            (true, _) => "CPU only",
+        let state = match (self.expert, self.kept.get()) {
+            (true, None) => "a routed expert, not on the device",
             (_, None) => "not kept",
             (_, Some(None)) => "copied per product",
             (_, Some(Some(_))) => "kept on the device",
@@ -60,10 +69,15 @@ impl fmt::Debug for DeviceCopy {
 static FAILED: AtomicBool = AtomicBool::new(false);
 
 impl Linear {
-    /// This weight's products never leave the CPU (routed experts, for now).
-    pub fn cpu_only(mut self) -> Linear {
-        self.device.cpu_only = true;
+    /// Marks a routed expert's weight: on the device only as a kept copy (see the module).
+    pub fn routed_expert(mut self) -> Linear {
+        self.device.expert = true;
         self
+    }
+
+    /// Whether this is a routed expert's weight ([`Linear::routed_expert`]).
+    pub fn is_routed_expert(&self) -> bool {
+        self.device.expert
     }
 
     /// Runs the product on the installed device when it takes this weight; false when the CPU
@@ -72,8 +86,15 @@ impl Linear {
         let Some(device) = DEVICE.get() else {
             return false;
         };
-        if self.device.cpu_only {
-            return false;
+        if self.device.expert {
+            if !device.takes_experts() {
+                return false;
+            }
+            let kept = self
+                .device
+                .kept
+                .get_or_init(|| device.upload(self, true).map(Arc::from));
+            return kept.as_ref().is_some_and(|m| run(m.as_ref(), xs, tokens, ys));
         }
         if !self.data.is_borrowed() {
             let kept = self

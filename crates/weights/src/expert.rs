@@ -40,8 +40,8 @@ impl Expert {
             let refs = &pieces[next..next + spec.tensors.len()];
             next += spec.tensors.len();
             // SAFETY: the caller's contract.
-            // Routed experts are computed on the CPU (see `strata_kernels::offload`).
-            unsafe { spec.build_in(refs, owner) }.map(Linear::cpu_only)
+            // On a device only as kept copies (see `strata_kernels::offload`).
+            unsafe { spec.build_in(refs, owner) }.map(Linear::routed_expert)
         };
         Ok(Expert {
             gate: build(&specs[0])?,

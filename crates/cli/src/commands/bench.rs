@@ -351,11 +351,12 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     let gpu = super::gpu().map(gpu_figures);
     if let Some(g) = &gpu {
         println!(
-            "gpu                   {}: {:.2} GiB of weights kept there, {:.1} MB copied per token for single products, {} products on it; its memory reads {:.1} GB/s",
+            "gpu                   {}: {:.2} GiB of weights kept there, {:.1} MB copied per token for single products, {} products on it ({} of routed experts); its memory reads {:.1} GB/s",
             g["adapter"].as_str().unwrap_or(""),
             g["kept_bytes"].as_f64().unwrap_or(0.0) / (1u64 << 30) as f64,
             g["copied_bytes"].as_f64().unwrap_or(0.0) / 1e6 / marks.len().max(1) as f64,
             g["products"],
+            g["expert_products"],
             g["memory_read_gbps"].as_f64().unwrap_or(0.0),
         );
     }
@@ -437,6 +438,7 @@ fn gpu_figures(g: &strata_gpu::Offload) -> serde_json::Value {
         "kept_bytes": g.resident_bytes(),
         "copied_bytes": g.streamed_bytes(),
         "products": g.products(),
+        "expert_products": g.expert_products(),
         "memory_read_gbps": read / 1e9,
     })
 }

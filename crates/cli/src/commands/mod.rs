@@ -35,8 +35,8 @@ pub struct Cli {
     threads: Option<usize>,
     /// Where the non-expert weights' matrix products run: cpu, auto (a discrete GPU when there
     /// is one, else the CPU), or gpu (any Vulkan or Metal adapter, software ones included).
-    /// Routed experts stay on the CPU. The GPU backend is new and not yet faster than the CPU
-    /// kernels (docs/PERFORMANCE.md), so the default stays cpu until it is.
+    /// Routed experts stay on the CPU unless --gpu-experts. The GPU backend is new and not yet
+    /// faster than the CPU kernels on prompts (docs/PERFORMANCE.md), so the default stays cpu.
     #[arg(
         long,
         global = true,
@@ -48,6 +48,12 @@ pub struct Cli {
     /// GPU memory the weights may take (e.g. 16G). Default: as much as the GPU grants.
     #[arg(long, global = true, value_name = "SIZE")]
     gpu_mem: Option<String>,
+    /// Routed experts' products on the GPU too: an expert is copied there at its first product
+    /// while --gpu-mem has room and stays as long as the expert cache keeps it; one that finds no
+    /// room is computed on the CPU. Off by default: each product still waits for its own round
+    /// trip, which small experts do not repay (docs/PERFORMANCE.md).
+    #[arg(long, global = true, env = "STRATA_GPU_EXPERTS")]
+    gpu_experts: bool,
 }
 
 #[derive(Subcommand)]
@@ -362,7 +368,7 @@ pub fn gpu() -> Option<&'static strata_gpu::Offload> {
 
 /// Opens the device `--device` asks for and sends the resident weights' products there; says in
 /// one line when `auto` stays on the CPU, and why.
-fn setup_device(pref: strata_gpu::Preference, gpu_mem: Option<&str>) -> Result<()> {
+fn setup_device(pref: strata_gpu::Preference, gpu_mem: Option<&str>, experts: bool) -> Result<()> {
     let budget = gpu_mem
         .map(strata_runtime::parse_size)
         .transpose()
@@ -378,11 +384,16 @@ fn setup_device(pref: strata_gpu::Preference, gpu_mem: Option<&str>) -> Result<(
             let budget_text = budget.map_or("as much as it grants".to_string(), |b| {
                 format!("up to {:.2} GiB", b as f64 / (1u64 << 30) as f64)
             });
+            let what = if experts {
+                "every weight's products, routed experts while they fit"
+            } else {
+                "the non-expert weights' products"
+            };
             eprintln!(
-                "device: GPU {} for the non-expert BF16/F16/F32 weights' products ({budget_text}); the rest on the CPU",
+                "device: GPU {} for {what} ({budget_text}; GGUF block types and the rest on the CPU)",
                 g.adapter()
             );
-            let offload = Arc::new(strata_gpu::Offload::new(*g, budget));
+            let offload = Arc::new(strata_gpu::Offload::new(*g, budget, experts));
             let _ = GPU.set(offload.clone());
             strata_kernels::offload::install(offload);
         }
@@ -398,7 +409,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Command::Run(_) | Command::Logits(_) | Command::Serve(_) | Command::Bench(_)
     );
     if computes {
-        setup_device(cli.device, cli.gpu_mem.as_deref())?;
+        setup_device(cli.device, cli.gpu_mem.as_deref(), cli.gpu_experts)?;
     }
     match cli.command {
         Command::Run(a) => run::run(a),
