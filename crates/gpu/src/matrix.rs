@@ -1,7 +1,5 @@
 //! Weight matrices in GPU memory and their products with f32 activations.
 
-use wgpu::util::DeviceExt;
-
 use crate::{Gpu, GpuError};
 
 /// How a matrix's weights are stored on the GPU (the checkpoint's own bytes).
@@ -220,35 +218,59 @@ pub(crate) fn u32_of(v: usize, what: &str) -> Result<u32, GpuError> {
 impl Gpu {
     /// Uploads BF16 weights (`w`: rows x `in_dim`, row-major).
     pub fn upload_bf16(&self, w: &[u16], in_dim: usize) -> Result<GpuMatrix, GpuError> {
-        self.upload(WeightFormat::Bf16, &u16_bytes(w), w.len(), in_dim)
+        self.upload(WeightFormat::Bf16, &le_bytes(w), w.len(), in_dim)
     }
 
     /// Uploads F16 weights (`w`: rows x `in_dim`, row-major).
     pub fn upload_f16(&self, w: &[u16], in_dim: usize) -> Result<GpuMatrix, GpuError> {
-        self.upload(WeightFormat::F16, &u16_bytes(w), w.len(), in_dim)
+        self.upload(WeightFormat::F16, &le_bytes(w), w.len(), in_dim)
     }
 
     /// Uploads F32 weights (`w`: rows x `in_dim`, row-major).
     pub fn upload_f32(&self, w: &[f32], in_dim: usize) -> Result<GpuMatrix, GpuError> {
-        self.upload(WeightFormat::F32, &f32_bytes(w), w.len(), in_dim)
+        self.upload(WeightFormat::F32, &le_bytes(w), w.len(), in_dim)
     }
 
-    /// A chunk of `rows` rows from `row0` whose buffer holds `data`, padded to whole 16-byte words.
-    pub(crate) fn chunk(&self, row0: usize, rows: usize, elem0: u32, s_off: u32, mut data: Vec<u8>) -> Chunk {
-        data.resize(data.len().div_ceil(16) * 16, 0);
-        let buffer = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+    /// A chunk of `rows` rows from `row0` whose buffer holds `parts` one after the other, each
+    /// from a 16-byte word (written once, straight into the buffer's mapping).
+    pub(crate) fn chunk(
+        &self,
+        row0: usize,
+        rows: usize,
+        elem0: u32,
+        s_off: u32,
+        parts: &[&[u8]],
+    ) -> Result<Chunk, GpuError> {
+        let size: usize = parts.iter().map(|p| p.len().next_multiple_of(16)).sum();
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("weights"),
-            contents: &data,
+            size: size.max(16) as u64,
             usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: true,
         });
-        Chunk {
+        {
+            let mut view = buffer
+                .slice(..)
+                .get_mapped_range_mut()
+                .map_err(|e| GpuError::Run {
+                    what: "writing weights".into(),
+                    reason: e.to_string(),
+                })?;
+            let mut at = 0;
+            for p in parts {
+                view.slice(at..at + p.len()).copy_from_slice(p);
+                at += p.len().next_multiple_of(16);
+            }
+        }
+        buffer.unmap();
+        Ok(Chunk {
             row0,
             rows,
             elem0,
             s_off,
             buffer,
             bind: Default::default(),
-        }
+        })
     }
 
     /// Uploads `n` weights of `format` (`bytes`, little-endian), split by rows so that no chunk
@@ -284,8 +306,8 @@ impl Gpu {
             let first = row0 * in_dim;
             let start = first / per_word * per_word;
             let end = (row0 + take) * in_dim;
-            let data = bytes[start * size..end * size].to_vec();
-            chunks.push(self.chunk(row0, take, (first - start) as u32, 0, data));
+            let data = &bytes[start * size..end * size];
+            chunks.push(self.chunk(row0, take, (first - start) as u32, 0, &[data])?);
             row0 += take;
         }
         Ok(GpuMatrix {
@@ -305,10 +327,49 @@ pub(crate) fn entry(binding: u32, buffer: &wgpu::Buffer) -> wgpu::BindGroupEntry
     }
 }
 
-pub(crate) fn u16_bytes(w: &[u16]) -> Vec<u8> {
-    w.iter().flat_map(|v| v.to_le_bytes()).collect()
+/// Little-endian bytes of `v`: the slice itself where the machine is little-endian (no copy).
+pub(crate) fn le_bytes<T: LeBytes>(v: &[T]) -> std::borrow::Cow<'_, [u8]> {
+    #[cfg(target_endian = "little")]
+    {
+        // SAFETY: u8, u16, u32, f32 and i8 have no padding and every byte pattern of them is
+        // a valid u8; the view covers exactly the slice's bytes and borrows it.
+        std::borrow::Cow::Borrowed(unsafe {
+            std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v))
+        })
+    }
+    #[cfg(not(target_endian = "little"))]
+    {
+        std::borrow::Cow::Owned(v.iter().flat_map(|x| x.le()).collect())
+    }
 }
 
-pub(crate) fn f32_bytes(xs: &[f32]) -> Vec<u8> {
-    xs.iter().flat_map(|v| v.to_le_bytes()).collect()
+/// The element types weights come in.
+pub(crate) trait LeBytes: Copy {
+    #[cfg_attr(target_endian = "little", allow(dead_code))]
+    fn le(self) -> Vec<u8>;
+}
+impl LeBytes for u8 {
+    fn le(self) -> Vec<u8> {
+        vec![self]
+    }
+}
+impl LeBytes for i8 {
+    fn le(self) -> Vec<u8> {
+        vec![self as u8]
+    }
+}
+impl LeBytes for u16 {
+    fn le(self) -> Vec<u8> {
+        self.to_le_bytes().to_vec()
+    }
+}
+impl LeBytes for u32 {
+    fn le(self) -> Vec<u8> {
+        self.to_le_bytes().to_vec()
+    }
+}
+impl LeBytes for f32 {
+    fn le(self) -> Vec<u8> {
+        self.to_le_bytes().to_vec()
+    }
 }

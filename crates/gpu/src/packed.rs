@@ -1,7 +1,7 @@
 //! Weights of the packed formats (INT8, FP8 block, INT4 g, MXFP4) in GPU memory: each chunk of
 //! rows holds the checkpoint's bytes of its rows and, behind them, the scales of those rows.
 
-use crate::matrix::{u16_bytes, u32_of, GpuMatrix, ScaleLayout, WeightFormat};
+use crate::matrix::{le_bytes, u32_of, GpuMatrix, ScaleLayout, WeightFormat};
 use crate::{Gpu, GpuError};
 
 /// A packed matrix as the CPU holds it: bytes of weights per row and its scales.
@@ -23,8 +23,8 @@ struct Packed<'a> {
 impl Gpu {
     /// Uploads INT8 weights (`w`: rows x `in_dim`) with one f32 scale per row.
     pub fn upload_int8(&self, w: &[i8], scales: &[f32], in_dim: usize) -> Result<GpuMatrix, GpuError> {
-        let bytes: Vec<u8> = w.iter().map(|&v| v as u8).collect();
-        let scale_bytes = crate::matrix::f32_bytes(scales);
+        let bytes = le_bytes(w);
+        let scale_bytes = le_bytes(scales);
         self.upload_packed(Packed {
             format: WeightFormat::Int8,
             in_dim,
@@ -47,7 +47,7 @@ impl Gpu {
         block: (usize, usize),
         in_dim: usize,
     ) -> Result<GpuMatrix, GpuError> {
-        let scale_bytes = crate::matrix::f32_bytes(scales);
+        let scale_bytes = le_bytes(scales);
         self.upload_packed(Packed {
             format: WeightFormat::Fp8,
             in_dim,
@@ -70,8 +70,8 @@ impl Gpu {
         group: usize,
         in_dim: usize,
     ) -> Result<GpuMatrix, GpuError> {
-        let words: Vec<u8> = packed.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let scale_bytes = u16_bytes(scales);
+        let words = le_bytes(packed);
+        let scale_bytes = le_bytes(scales);
         self.upload_packed(Packed {
             format: WeightFormat::Int4,
             in_dim,
@@ -141,13 +141,11 @@ impl Gpu {
         let mut row0 = 0;
         while row0 < rows {
             let take = per_chunk.min(rows - row0);
-            let mut data = p.weights[row0 * p.row_bytes..(row0 + take) * p.row_bytes].to_vec();
-            data.resize(data.len().div_ceil(16) * 16, 0);
-            let s_off = data.len();
+            let weights = &p.weights[row0 * p.row_bytes..(row0 + take) * p.row_bytes];
+            let s_off = weights.len().next_multiple_of(16);
             let s0 = row0 / p.block_rows * scale_row;
             let s1 = (row0 + take).div_ceil(p.block_rows) * scale_row;
-            data.extend_from_slice(&p.scales[s0..s1]);
-            chunks.push(self.chunk(row0, take, 0, s_off as u32, data));
+            chunks.push(self.chunk(row0, take, 0, s_off as u32, &[weights, &p.scales[s0..s1]])?);
             row0 += take;
         }
         Ok(GpuMatrix {

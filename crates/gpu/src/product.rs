@@ -4,7 +4,7 @@
 
 use wgpu::util::DeviceExt;
 
-use crate::matrix::{entry, f32_bytes, u32_of, GpuMatrix, MatmulParams, Tile, WeightFormat, MAX_GROUPS};
+use crate::matrix::{entry, le_bytes, u32_of, GpuMatrix, MatmulParams, Tile, WeightFormat, MAX_GROUPS};
 use crate::{Gpu, GpuError};
 
 /// Bytes between the parameter blocks of one product's chunks (at least the adapter's
@@ -109,7 +109,7 @@ impl Gpu {
         s.generation += u64::from(fresh);
         let (x, y, params) = (s.x.as_ref(), s.y.as_ref(), s.params.as_ref());
         let (x, y, params) = (x.expect("made"), y.expect("made"), params.expect("made"));
-        self.queue.write_buffer(x, 0, &f32_bytes(xs));
+        self.queue.write_buffer(x, 0, &le_bytes(xs));
         for (i, d) in dispatches.iter().enumerate() {
             self.queue
                 .write_buffer(params, i as u64 * PARAMS_STRIDE, &d.params);
@@ -150,7 +150,7 @@ impl Gpu {
             .collect();
         let x = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some("activations"),
-            contents: &f32_bytes(&xs),
+            contents: &le_bytes(&xs),
             usage: wgpu::BufferUsages::STORAGE,
         });
         let y = self.device.create_buffer(&wgpu::BufferDescriptor {
