@@ -99,6 +99,19 @@ fn routed_experts_on_the_gpu_match_the_goldens_also_when_few_fit() {
         // are kept there and the rest computed on the CPU.
         common::check_goldens(name, &|args| with_gpu_experts(&["--gpu-mem", "64K"], args));
     }
+    // Where a product runs never depends on what fits: the same bits with all kept or few.
+    for name in BF16_MODELS.iter().chain(QUANTIZED_MODELS) {
+        let dir = fixture(name);
+        let dir = dir.to_str().unwrap();
+        let ids = csv(&as_u32s(&golden(name)["prompts"][0]["ids"]));
+        let logits =
+            |budget| with_gpu_experts(&["--gpu-mem", budget], &["logits", "--model", dir, "--ids", &ids]);
+        assert_eq!(
+            logits("1G"),
+            logits("64K"),
+            "{name}: the GPU budget changed the logits"
+        );
+    }
     let dir = fixture("qwen3-moe-tiny");
     let dir = dir.to_str().unwrap();
     for budget in ["1G", "64K"] {

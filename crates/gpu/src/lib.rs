@@ -191,6 +191,8 @@ pub struct Gpu {
     scratch: Mutex<product::Scratch>,
     matmul_layout: wgpu::BindGroupLayout,
     matmul_pipeline_layout: wgpu::PipelineLayout,
+    /// Storage bindings start at multiples of this (bytes).
+    storage_align: u64,
 }
 
 impl Gpu {
@@ -247,6 +249,7 @@ impl Gpu {
             scratch: Mutex::default(),
             matmul_layout,
             matmul_pipeline_layout,
+            storage_align: u64::from(limits.min_storage_buffer_offset_alignment),
         })
     }
 

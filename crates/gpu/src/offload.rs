@@ -1,13 +1,14 @@
 //! The GPU as the device of `strata_kernels::offload`: weights of the formats with GPU kernels
 //! are kept in GPU memory from their first product up to a byte budget; the others (streamed,
-//! past the budget) are copied for each product. With `experts`, routed experts are kept too
-//! while the budget has room, for as long as the expert cache keeps them (a kept copy gives its
-//! bytes back to the budget when it is dropped): a VRAM tier inside the RAM one.
+//! past the budget) are copied for each product. With `experts`, routed experts run here too,
+//! kept while the budget has room for as long as the expert cache keeps them (a kept copy gives
+//! its bytes back to the budget when it is dropped; a VRAM tier inside the RAM one), copied for
+//! each product otherwise.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use strata_kernels::offload::{Device, DeviceMatrix};
+use strata_kernels::offload::{Device, DeviceMatrix, Job};
 use strata_kernels::{Linear, WeightData};
 
 use crate::{Gpu, GpuError, GpuMatrix};
@@ -122,6 +123,30 @@ impl Device for Offload {
     fn takes_experts(&self) -> bool {
         self.experts
     }
+
+    fn matmul_group(&self, jobs: &mut [Job<'_>]) -> Result<(), String> {
+        let mats: Option<Vec<&Resident>> = jobs
+            .iter()
+            .map(|j| j.m.as_any().downcast_ref::<Resident>())
+            .collect();
+        let Some(mats) = mats else {
+            return Err("a matrix of another device in a GPU group".into());
+        };
+        let args: Vec<(&GpuMatrix, &[f32], usize)> = mats
+            .iter()
+            .zip(jobs.iter())
+            .map(|(r, j)| (&r.m, j.xs, j.tokens))
+            .collect();
+        let outs = self.gpu.matmul_many(&args).map_err(|e| e.to_string())?;
+        for ((j, r), out) in jobs.iter_mut().zip(&mats).zip(outs) {
+            if out.len() != j.ys.len() {
+                return Err(format!("{} outputs for {} places", out.len(), j.ys.len()));
+            }
+            j.ys.copy_from_slice(&out);
+            r.products.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
 }
 
 /// A kept copy's bytes of the budget, given back when the copy goes.
@@ -183,5 +208,9 @@ impl DeviceMatrix for Resident {
         ys.copy_from_slice(&out);
         self.products.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }

@@ -23,6 +23,16 @@ pub(crate) struct Scratch {
     generation: u64,
 }
 
+/// Where one product of [`Gpu::matmul_many`] goes: its tile, its activations' and outputs'
+/// (offset, bytes) in the kept buffers, its first parameter slot and its dispatches.
+struct Planned {
+    tile: Tile,
+    x: (u64, u64),
+    y: (u64, u64),
+    slot0: u64,
+    ds: Vec<Dispatch>,
+}
+
 /// One chunk's dispatch: its parameters and workgroups.
 struct Dispatch {
     params: [u8; 48],
@@ -134,6 +144,80 @@ impl Gpu {
         self.read_back(enc, y, s.staging.as_ref().expect("made"), out_len)
     }
 
+    /// Several products as one submission: `jobs` (matrix, activations, tokens), each through
+    /// the tile its lone [`Gpu::matmul`] takes, so each output has the same bits; one wait and
+    /// one read back for all. Returns each job's outputs.
+    pub fn matmul_many(&self, jobs: &[(&GpuMatrix, &[f32], usize)]) -> Result<Vec<Vec<f32>>, GpuError> {
+        let align = self.storage_align.max(16);
+        let mut plans = Vec::with_capacity(jobs.len());
+        let (mut x_end, mut y_end, mut slots) = (0u64, 0u64, 0u64);
+        for &(m, xs, tokens) in jobs {
+            if tokens == 0 || xs.len() != tokens * m.in_dim {
+                return Err(GpuError::Shape(format!(
+                    "activations of {} values are not {tokens} tokens of {}",
+                    xs.len(),
+                    m.in_dim
+                )));
+            }
+            let tile = self.forced_tile.unwrap_or(Tile::for_product(tokens, m.rows));
+            let ds = dispatches(m, tokens, tile)?;
+            let (x_bytes, y_bytes) = ((xs.len() * 4) as u64, (tokens * m.rows * 4) as u64);
+            plans.push(Planned {
+                tile,
+                x: (x_end, x_bytes),
+                y: (y_end, y_bytes),
+                slot0: slots,
+                ds,
+            });
+            slots += m.chunks.len() as u64;
+            x_end = (x_end + x_bytes.next_multiple_of(16)).next_multiple_of(align);
+            y_end = (y_end + y_bytes).next_multiple_of(align);
+        }
+        let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let s = &mut *scratch;
+        let mut fresh = false;
+        let use_x = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
+        fresh |= ensure(&self.device, &mut s.x, x_end, use_x, "activations");
+        let use_y = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC;
+        fresh |= ensure(&self.device, &mut s.y, y_end, use_y, "outputs");
+        let use_p = wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST;
+        fresh |= ensure(
+            &self.device,
+            &mut s.params,
+            PARAMS_STRIDE * slots,
+            use_p,
+            "matmul params",
+        );
+        let use_s = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
+        ensure(&self.device, &mut s.staging, y_end, use_s, "read back");
+        s.generation += u64::from(fresh);
+        let (x, y, params) = (s.x.as_ref(), s.y.as_ref(), s.params.as_ref());
+        let (x, y, params) = (x.expect("made"), y.expect("made"), params.expect("made"));
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        for (&(m, xs, _), p) in jobs.iter().zip(&plans) {
+            self.queue.write_buffer(x, p.x.0, &le_bytes(xs));
+            let binds: Vec<wgpu::BindGroup> = m
+                .chunks
+                .iter()
+                .zip(&p.ds)
+                .enumerate()
+                .map(|(i, (c, d))| {
+                    self.queue
+                        .write_buffer(params, (p.slot0 + i as u64) * PARAMS_STRIDE, &d.params);
+                    // The shader reads activations as 16-byte words: the binding covers whole ones.
+                    let xs_range = (p.x.0, p.x.1.next_multiple_of(16));
+                    self.matmul_bind_at(&c.buffer, (x, xs_range), (y, p.y), params)
+                })
+                .collect();
+            self.record_at(&mut enc, m.format, p.tile, &p.ds, &binds, p.slot0);
+        }
+        let all = self.read_back(enc, y, s.staging.as_ref().expect("made"), (y_end / 4) as usize)?;
+        Ok(plans
+            .iter()
+            .map(|p| all[(p.y.0 / 4) as usize..((p.y.0 + p.y.1) / 4) as usize].to_vec())
+            .collect())
+    }
+
     /// Seconds per product of `m` with `tokens` activations through `tile`, averaged over
     /// `reps` products submitted together (weights and activations already on the GPU; no read
     /// back).
@@ -215,13 +299,44 @@ impl Gpu {
         y: &wgpu::Buffer,
         params: &wgpu::Buffer,
     ) -> wgpu::BindGroup {
+        // Kept buffers may have grown past one binding for a group: bind what one may hold.
+        let most = self.binding_limit / 16 * 16;
+        self.matmul_bind_at(
+            w,
+            (x, (0, x.size().min(most))),
+            (y, (0, y.size().min(most))),
+            params,
+        )
+    }
+
+    /// A bind group whose activations and outputs are the ranges (offset, bytes) of their buffers.
+    fn matmul_bind_at(
+        &self,
+        w: &wgpu::Buffer,
+        (x, (x0, xn)): (&wgpu::Buffer, (u64, u64)),
+        (y, (y0, yn)): (&wgpu::Buffer, (u64, u64)),
+        params: &wgpu::Buffer,
+    ) -> wgpu::BindGroup {
+        let range = |buffer, offset, size| {
+            wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer,
+                offset,
+                size: wgpu::BufferSize::new(size),
+            })
+        };
         self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: None,
             layout: &self.matmul_layout,
             entries: &[
                 entry(0, w),
-                entry(1, x),
-                entry(2, y),
+                wgpu::BindGroupEntry {
+                    binding: 1,
+                    resource: range(x, x0, xn),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 2,
+                    resource: range(y, y0, yn),
+                },
                 wgpu::BindGroupEntry {
                     binding: 3,
                     resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
@@ -244,10 +359,23 @@ impl Gpu {
         ds: &[Dispatch],
         binds: &[wgpu::BindGroup],
     ) {
+        self.record_at(enc, format, tile, ds, binds, 0)
+    }
+
+    /// [`Gpu::record`] with the parameters from slot `slot0` of the uniform buffer on.
+    fn record_at(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        format: WeightFormat,
+        tile: Tile,
+        ds: &[Dispatch],
+        binds: &[wgpu::BindGroup],
+        slot0: u64,
+    ) {
         let mut pass = enc.begin_compute_pass(&Default::default());
         pass.set_pipeline(self.matmul_pipeline(format, tile));
         for (i, (d, bind)) in ds.iter().zip(binds).enumerate() {
-            pass.set_bind_group(0, bind, &[(i as u64 * PARAMS_STRIDE) as u32]);
+            pass.set_bind_group(0, bind, &[((slot0 + i as u64) * PARAMS_STRIDE) as u32]);
             pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
         }
     }
@@ -292,6 +420,7 @@ impl Gpu {
 
 /// Each chunk's parameters and workgroups for a product of `tokens` through `tile`.
 fn dispatches(m: &GpuMatrix, tokens: usize, tile: Tile) -> Result<Vec<Dispatch>, GpuError> {
+    u32_of(tokens * m.rows, "outputs of one product")?;
     let groups_z = tokens.div_ceil(tile.tokens as usize);
     if groups_z > MAX_GROUPS {
         return Err(GpuError::Shape(format!("{tokens} tokens in one product")));

@@ -333,3 +333,51 @@ fn every_tile_gives_every_output_the_same_bits() {
         }
     }
 }
+
+#[test]
+fn a_group_of_products_gives_each_the_bits_it_gets_alone() {
+    let Some(mut g) = gpu() else { return };
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut ws = Vec::new();
+    let mut ms = Vec::new();
+    for case in 0..2 * KINDS {
+        let rows = if case == 3 { 40 } else { 1 + rng.below(50) };
+        let in_dim = 1 + rng.below(500);
+        let w = Weights::random(case % KINDS, rows, in_dim, &mut rng);
+        // One matrix split over several bindings, so a group holds a product of several chunks.
+        let full = g.max_binding();
+        if case == 3 {
+            g.set_max_binding((4 * in_dim * 4 + 64) as u64);
+        }
+        ms.push(w.upload(&g).unwrap());
+        g.set_max_binding(full);
+        if case == 3 {
+            assert!(ms[3].chunks() > 1, "the split matrix fits one binding");
+        }
+        ws.push(w);
+    }
+    let xs: Vec<(Vec<f32>, usize)> = ms
+        .iter()
+        .map(|m| {
+            let tokens = 1 + rng.below(11);
+            (rng.f32s(tokens * m.in_dim()), tokens)
+        })
+        .collect();
+    let jobs: Vec<(&strata_gpu::GpuMatrix, &[f32], usize)> = ms
+        .iter()
+        .zip(&xs)
+        .map(|(m, (x, t))| (m, x.as_slice(), *t))
+        .collect();
+    let group = g.matmul_many(&jobs).unwrap();
+    for ((w, (m, x, t)), got) in ws.iter().zip(&jobs).zip(&group) {
+        let alone = g.matmul(m, x, *t).unwrap();
+        let same = alone.len() == got.len() && alone.iter().zip(got).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(
+            same,
+            "{} {}x{}, {t} tokens: grouped outputs differ from its own",
+            w.name(),
+            m.rows(),
+            m.in_dim()
+        );
+    }
+}

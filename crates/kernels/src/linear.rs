@@ -365,11 +365,21 @@ impl Linear {
     pub fn matmul(&self, xs: &[f32], n_tokens: usize, ys: &mut [f32]) {
         assert_eq!(xs.len(), n_tokens * self.in_dim, "matmul input is not (T, in)");
         assert_eq!(ys.len(), n_tokens * self.out_dim, "matmul output is not (T, out)");
-        let n = self.in_dim;
-        WEIGHT_BYTES.fetch_add(self.bytes() as u64, std::sync::atomic::Ordering::Relaxed);
+        self.count_bytes();
         if self.matmul_on_device(xs, n_tokens, ys) {
             return;
         }
+        self.matmul_cpu(xs, n_tokens, ys);
+    }
+
+    /// Adds this weight's bytes to those products have touched ([`weight_bytes_touched`]).
+    pub(crate) fn count_bytes(&self) {
+        WEIGHT_BYTES.fetch_add(self.bytes() as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// [`Linear::matmul`] on the CPU, whatever device is installed.
+    pub(crate) fn matmul_cpu(&self, xs: &[f32], n_tokens: usize, ys: &mut [f32]) {
+        let n = self.in_dim;
         if let Some(w) = self.amx_bf16() {
             return self.matmul_amx(w, xs, n_tokens, ys);
         }

@@ -6,9 +6,10 @@
 //! room; a streamed one, or one past the budget, is copied for each product.
 //!
 //! Routed experts (marked [`Linear::routed_expert`]) go to the device only when it takes them
-//! ([`Device::takes_experts`]) and only as kept copies: an expert is copied at its first product
+//! ([`Device::takes_experts`]), and then every time: an expert is copied at its first product
 //! when the budget has room and stays there as long as its owner (the expert cache) keeps it;
-//! one that finds no room is computed on the CPU, never copied for one product.
+//! one that finds no room is copied for each product, like a streamed weight. So where a
+//! product runs never depends on what the cache or the budget held (batch invariance).
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,11 +28,116 @@ pub trait Device: Send + Sync {
     fn takes_experts(&self) -> bool {
         false
     }
+
+    /// Runs `jobs` (matrices this device made) as one submission where it can: one wait for
+    /// all of them. Each output gets the bits its lone product gives.
+    fn matmul_group(&self, jobs: &mut [Job<'_>]) -> Result<(), String> {
+        for j in jobs.iter_mut() {
+            j.m.matmul(j.xs, j.tokens, j.ys)?;
+        }
+        Ok(())
+    }
 }
 
 /// One matrix on a device: `ys` (T x out) for `xs` (T x in), as [`Linear::matmul`] lays them out.
 pub trait DeviceMatrix: Send + Sync {
     fn matmul(&self, xs: &[f32], tokens: usize, ys: &mut [f32]) -> Result<(), String>;
+    /// The matrix as its device's own type (for [`Device::matmul_group`]).
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// A weight's copy on the device for one product.
+enum OnDevice<'a> {
+    Kept(&'a dyn DeviceMatrix),
+    /// Made for this product only (a streamed weight, or one past the budget).
+    Once(Box<dyn DeviceMatrix>),
+}
+
+impl OnDevice<'_> {
+    fn get(&self) -> &dyn DeviceMatrix {
+        match self {
+            OnDevice::Kept(m) => *m,
+            OnDevice::Once(m) => m.as_ref(),
+        }
+    }
+}
+
+/// One product of a group on the device.
+pub struct Job<'a> {
+    pub m: &'a dyn DeviceMatrix,
+    pub xs: &'a [f32],
+    pub tokens: usize,
+    pub ys: &'a mut [f32],
+}
+
+/// One product of [`matmul_group`]: `ys` (T x out) = `lin` applied to `xs` (T x in).
+pub struct Product<'a> {
+    pub lin: &'a Linear,
+    pub xs: &'a [f32],
+    pub tokens: usize,
+    pub ys: &'a mut [f32],
+}
+
+/// Runs independent products: those whose weights the installed device keeps go to it as one
+/// submission (one round trip for all, instead of one each), the others through
+/// [`Linear::matmul`]. Each output gets the bits its lone `matmul` gives.
+pub fn matmul_group(products: &mut [Product<'_>]) {
+    for p in products.iter() {
+        assert_eq!(p.xs.len(), p.tokens * p.lin.in_dim, "matmul input is not (T, in)");
+        assert_eq!(
+            p.ys.len(),
+            p.tokens * p.lin.out_dim,
+            "matmul output is not (T, out)"
+        );
+    }
+    let device = DEVICE.get();
+    let copies: Vec<Option<OnDevice>> = products
+        .iter()
+        .map(|p| device.and_then(|d| p.lin.device_copy(d.as_ref())))
+        .collect();
+    let mut ok = true;
+    if let Some(d) = device.filter(|_| copies.iter().any(Option::is_some)) {
+        let mut jobs: Vec<Job<'_>> = products
+            .iter_mut()
+            .zip(&copies)
+            .filter_map(|(p, c)| {
+                c.as_ref().map(|c| {
+                    p.lin.count_bytes();
+                    Job {
+                        m: c.get(),
+                        xs: p.xs,
+                        tokens: p.tokens,
+                        ys: &mut *p.ys,
+                    }
+                })
+            })
+            .collect();
+        if let Err(e) = d.matmul_group(&mut jobs) {
+            warn_once(&e);
+            ok = false;
+        }
+    }
+    for (p, c) in products.iter().zip(&copies) {
+        if c.is_none() {
+            p.lin.count_bytes();
+        }
+    }
+    // The rest on the CPU, side by side on the kernels' threads.
+    let mut cpu: Vec<&mut Product<'_>> = products
+        .iter_mut()
+        .zip(&copies)
+        .filter(|(_, c)| !ok || c.is_none())
+        .map(|(p, _)| p)
+        .collect();
+    crate::for_each_chunk(&mut cpu, 1, |_, p| {
+        let q = &mut *p[0];
+        q.lin.matmul_cpu(q.xs, q.tokens, q.ys);
+    });
+}
+
+/// Whether the installed device, if any, takes routed experts.
+pub fn takes_experts() -> bool {
+    DEVICE.get().is_some_and(|d| d.takes_experts())
 }
 
 static DEVICE: OnceLock<Arc<dyn Device>> = OnceLock::new();
@@ -80,33 +186,33 @@ impl Linear {
         self.device.expert
     }
 
+    /// This weight's copy on `device` for a product: the one it keeps (made at the first
+    /// product while the budget has room), else one made for this product only; None when the
+    /// device has no kernels for its format (or takes no routed experts and this is one).
+    fn device_copy<'a>(&'a self, device: &dyn Device) -> Option<OnDevice<'a>> {
+        if self.device.expert && !device.takes_experts() {
+            return None;
+        }
+        if self.device.expert || !self.data.is_borrowed() {
+            let kept = self
+                .device
+                .kept
+                .get_or_init(|| device.upload(self, true).map(Arc::from));
+            if let Some(m) = kept.as_deref() {
+                return Some(OnDevice::Kept(m));
+            }
+        }
+        device.upload(self, false).map(OnDevice::Once)
+    }
+
     /// Runs the product on the installed device when it takes this weight; false when the CPU
     /// must compute it.
     pub(crate) fn matmul_on_device(&self, xs: &[f32], tokens: usize, ys: &mut [f32]) -> bool {
         let Some(device) = DEVICE.get() else {
             return false;
         };
-        if self.device.expert {
-            if !device.takes_experts() {
-                return false;
-            }
-            let kept = self
-                .device
-                .kept
-                .get_or_init(|| device.upload(self, true).map(Arc::from));
-            return kept.as_ref().is_some_and(|m| run(m.as_ref(), xs, tokens, ys));
-        }
-        if !self.data.is_borrowed() {
-            let kept = self
-                .device
-                .kept
-                .get_or_init(|| device.upload(self, true).map(Arc::from));
-            if let Some(m) = kept {
-                return run(m.as_ref(), xs, tokens, ys);
-            }
-        }
-        match device.upload(self, false) {
-            Some(m) => run(m.as_ref(), xs, tokens, ys),
+        match self.device_copy(device.as_ref()) {
+            Some(c) => run(c.get(), xs, tokens, ys),
             None => false,
         }
     }
@@ -116,12 +222,16 @@ fn run(m: &dyn DeviceMatrix, xs: &[f32], tokens: usize, ys: &mut [f32]) -> bool 
     match m.matmul(xs, tokens, ys) {
         Ok(()) => true,
         Err(e) => {
-            // A device that fails mid-run (lost, out of memory) cannot keep the run going; the
-            // CPU computes this product and says so once.
-            if !FAILED.swap(true, Ordering::Relaxed) {
-                eprintln!("warning: a product on the GPU failed ({e}); computing on the CPU");
-            }
+            warn_once(&e);
             false
         }
+    }
+}
+
+/// A device that fails mid-run (lost, out of memory) cannot keep the run going; the CPU computes
+/// the product and says so once.
+fn warn_once(e: &str) {
+    if !FAILED.swap(true, Ordering::Relaxed) {
+        eprintln!("warning: a product on the GPU failed ({e}); computing on the CPU");
     }
 }

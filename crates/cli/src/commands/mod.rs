@@ -50,8 +50,8 @@ pub struct Cli {
     gpu_mem: Option<String>,
     /// Routed experts' products on the GPU too: an expert is copied there at its first product
     /// while --gpu-mem has room and stays as long as the expert cache keeps it; one that finds no
-    /// room is computed on the CPU. Off by default: each product still waits for its own round
-    /// trip, which small experts do not repay (docs/PERFORMANCE.md).
+    /// room is copied for each product. A layer's experts run as two submissions. Off by
+    /// default: not yet faster than the CPU's experts (docs/PERFORMANCE.md).
     #[arg(long, global = true, env = "STRATA_GPU_EXPERTS")]
     gpu_experts: bool,
 }
@@ -385,7 +385,7 @@ fn setup_device(pref: strata_gpu::Preference, gpu_mem: Option<&str>, experts: bo
                 format!("up to {:.2} GiB", b as f64 / (1u64 << 30) as f64)
             });
             let what = if experts {
-                "every weight's products, routed experts while they fit"
+                "every weight's products, routed experts included"
             } else {
                 "the non-expert weights' products"
             };

@@ -212,9 +212,10 @@ impl MoeLayer {
         };
 
         // The routed experts are computed as soon as the store hands them over (the cache hits
-        // at once, then reads in completion order), each for every token routed to it; the
-        // experts of one batch side by side on the kernels' threads (small products alone
-        // would leave most cores waiting on their fork and join).
+        // at once, then reads in completion order), each for every token routed to it; on the
+        // CPU the experts of one batch side by side on the kernels' threads (small products
+        // alone would leave most cores waiting on their fork and join), on a device that takes
+        // them as two submissions per batch.
         let tokens_of: Vec<&Vec<(usize, f32)>> = assigned.values().collect();
         // Per token, (expert's place in `ids`, the token's row in that expert's output, weight)
         // in ascending expert order (the order its contributions are summed in).
@@ -228,17 +229,31 @@ impl MoeLayer {
         let mut delivered = 0;
         self.store
             .get_batches(self.layer, &ids, &mut |batch| {
-                let mut outs: Vec<Vec<f32>> = vec![Vec::new(); batch.len()];
-                strata_kernels::for_each_chunk(&mut outs, 1, |b, out| {
-                    let (i, expert) = &batch[b];
-                    let tokens = tokens_of[*i];
-                    let mut xe = Vec::with_capacity(tokens.len() * d); // (n_e, D)
+                // The rows of the tokens routed to expert `i`: (n_e, D).
+                let rows_for = |i: usize| {
+                    let tokens = tokens_of[i];
+                    let mut xe = Vec::with_capacity(tokens.len() * d);
                     for &(t, _) in tokens {
                         xe.extend_from_slice(&xr[t * d..(t + 1) * d]);
                     }
-                    out[0] = super::mlp::expert_forward(expert, &xe, tokens.len(), self.act);
-                    // (n_e, D)
-                });
+                    xe
+                };
+                let outs: Vec<Vec<f32>> = if strata_kernels::offload::takes_experts() {
+                    // On a device: the batch's products as two submissions (gate and up, then
+                    // down), not three round trips per expert.
+                    let xes: Vec<Vec<f32>> = batch.iter().map(|(i, _)| rows_for(*i)).collect();
+                    let experts: Vec<&crate::Expert> = batch.iter().map(|(_, e)| e.as_ref()).collect();
+                    super::mlp::experts_forward_grouped(&experts, &xes, self.act)
+                } else {
+                    let mut outs: Vec<Vec<f32>> = vec![Vec::new(); batch.len()];
+                    strata_kernels::for_each_chunk(&mut outs, 1, |b, out| {
+                        let (i, expert) = &batch[b];
+                        let xe = rows_for(*i);
+                        out[0] = super::mlp::expert_forward(expert, &xe, tokens_of[*i].len(), self.act);
+                        // (n_e, D)
+                    });
+                    outs
+                };
                 for ((i, _), ye) in batch.iter().zip(outs) {
                     expert_out[*i] = ye;
                 }
