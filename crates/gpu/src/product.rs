@@ -140,7 +140,7 @@ impl Gpu {
             })
             .collect();
         let mut enc = self.device.create_command_encoder(&Default::default());
-        self.record(&mut enc, m.format, tile, &dispatches, &binds);
+        self.record_at(&mut enc, m.format, tile, &dispatches, &binds, 0);
         self.read_back(enc, y, s.staging.as_ref().expect("made"), out_len)
     }
 
@@ -261,7 +261,7 @@ impl Gpu {
         let run = |n: usize| -> Result<f64, GpuError> {
             let mut enc = self.device.create_command_encoder(&Default::default());
             for _ in 0..n {
-                self.record(&mut enc, m.format, tile, &dispatches, &binds);
+                self.record_at(&mut enc, m.format, tile, &dispatches, &binds, 0);
             }
             let t = std::time::Instant::now();
             self.queue.submit([enc.finish()]);
@@ -350,19 +350,7 @@ impl Gpu {
     }
 
     /// Records one product's dispatches (chunk i with `binds[i]`, its parameters at offset
-    /// i * PARAMS_STRIDE) into one compute pass.
-    fn record(
-        &self,
-        enc: &mut wgpu::CommandEncoder,
-        format: WeightFormat,
-        tile: Tile,
-        ds: &[Dispatch],
-        binds: &[wgpu::BindGroup],
-    ) {
-        self.record_at(enc, format, tile, ds, binds, 0)
-    }
-
-    /// [`Gpu::record`] with the parameters from slot `slot0` of the uniform buffer on.
+    /// (slot0 + i) * PARAMS_STRIDE of the uniform buffer) into one compute pass.
     fn record_at(
         &self,
         enc: &mut wgpu::CommandEncoder,
