@@ -33,7 +33,7 @@ mod uring;
 mod warm;
 pub use options::{CacheOptions, FaultIn};
 pub use uring::available as uring_available;
-use warm::warm_lengths;
+use warm::{preload_keys, warm_lengths};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type Key = (usize, usize);
@@ -132,8 +132,20 @@ pub struct CachedStore {
     _readers: Arc<Readers>,
     /// Faults in read buffers ahead of the reads (none with `--io mmap`).
     warmer: Option<Warmer>,
+    /// The reads of `FaultIn::Preload`, until `finish_warming` has waited for them.
+    preload: Mutex<Vec<(Key, Arc<InFlight>)>>,
     /// The store's counters (streamed layers' reads count here too).
     pub stats: Arc<StoreStats>,
+}
+
+/// What the cache was given while the model loaded.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Warmed {
+    /// Bytes of empty read buffers faulted in.
+    pub faulted_in: u64,
+    /// Experts read into the cache (`FaultIn::Preload`), and their bytes on disk.
+    pub preloaded_experts: usize,
+    pub preloaded_bytes: u64,
 }
 
 /// Reader threads: direct reads overlap each other (the device queues them) and compute.
@@ -174,7 +186,10 @@ impl CachedStore {
             })
             .max()
             .unwrap_or(0);
-        let warm = warm_lengths(&plans, budget, kept_buffers.max(1));
+        let preload = fault_in == FaultIn::Preload && io != IoMode::Mmap && ckpt.source().is_none();
+        // Preloaded experts fault in their own buffers as they are read: the warmer makes only
+        // those of the reads in flight.
+        let warm = warm_lengths(&plans, if preload { 0 } else { budget }, kept_buffers.max(1));
         let warm_bytes = warm.iter().map(|&l| AlignedBuf::capacity_for(l)).sum::<usize>();
         let mut files = Vec::with_capacity(ckpt.n_shards());
         for s in 0..ckpt.n_shards() {
@@ -228,13 +243,20 @@ impl CachedStore {
             Vec::new()
         };
         let warmer =
-            (io != IoMode::Mmap && fault_in == FaultIn::AtLoad).then(|| Warmer::start(&shared.pool, warm));
+            (io != IoMode::Mmap && fault_in != FaultIn::OnRead).then(|| Warmer::start(&shared.pool, warm));
+        let preload = if preload {
+            let keys = preload_keys(&shared.plans, budget);
+            keys.into_iter().map(|k| (k, shared.request(k, true))).collect()
+        } else {
+            Vec::new()
+        };
         Ok(CachedStore {
             stats: shared.stats.clone(),
             shared,
             workers,
             _readers: readers.clone(),
             warmer,
+            preload: Mutex::new(preload),
         })
     }
 
@@ -264,13 +286,25 @@ impl CachedStore {
         self.shared.pool.warmed_bytes.load(Ordering::Relaxed)
     }
 
-    /// Waits until the buffers of the whole cache are faulted in (begun by `open`, on every
-    /// core, so it overlaps the rest of the model's loading); returns the bytes faulted in.
-    pub fn finish_warming(&self) -> u64 {
+    /// Waits until the whole cache is faulted in, empty or preloaded (begun by `open`, so it
+    /// overlaps the rest of the model's loading); an error names the expert a preload read
+    /// failed on.
+    pub fn finish_warming(&self) -> Result<Warmed, BoxError> {
         if let Some(w) = &self.warmer {
             w.wait();
         }
-        self.warmed_buffer_bytes()
+        let reads = std::mem::take(&mut *self.preload.lock().expect("preload lock"));
+        let (mut experts, mut bytes) = (0, 0);
+        for (key, read) in reads {
+            read.slot.wait()?;
+            experts += 1;
+            bytes += self.shared.plans[&key].bytes;
+        }
+        Ok(Warmed {
+            faulted_in: self.warmed_buffer_bytes(),
+            preloaded_experts: experts,
+            preloaded_bytes: bytes,
+        })
     }
 
     /// Reads every expert into the cache (`strata bench --compute-only`: tokens then read

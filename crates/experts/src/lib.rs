@@ -11,7 +11,7 @@ mod engine;
 mod plan;
 mod spine;
 
-pub use cached::{uring_available, CacheOptions, CachedStore, Eviction, FaultIn, DEFAULT_IO_THREADS};
+pub use cached::{uring_available, CacheOptions, CachedStore, Eviction, FaultIn, Warmed, DEFAULT_IO_THREADS};
 pub use direct::IoMode;
 pub use engine::readers::Readers;
 pub use engine::stats::StoreStats;

@@ -35,6 +35,8 @@ pub enum EngineError {
     SequencePanicked(String),
     #[error("{0}")]
     Injected(String),
+    #[error("reading experts into the expert cache as the model loaded: {0}")]
+    Preload(String),
     #[error("empty prompt: at least one token is needed")]
     EmptyPrompt,
     #[error("{}: the {family} family cannot list its tensors from config alone; give the model folder", path.display())]
@@ -185,6 +187,9 @@ pub struct Engine {
     /// The store of streamed layers, when some are.
     pub spine: Option<Arc<SpineStore>>,
     pub memory: MemoryPlan,
+    /// What the expert cache was given while the model loaded (buffers faulted in, experts
+    /// preloaded).
+    pub warmed: strata_experts::Warmed,
     /// Ids below the model's vocabulary that its tokenizer cannot decode (the rows a checkpoint
     /// pads its embedding with): never sampled, refused in `logit_bias`.
     pub masked_ids: Vec<u32>,
@@ -281,7 +286,7 @@ impl Engine {
             layers: spine.clone().map(|s| s as Arc<dyn LayerStore>),
         };
         let model = load_model(&cfg, &ckpt, &loading)?;
-        finish_warming(&experts);
+        let warmed = finish_warming(&experts)?;
         if let Some(sidecar) = &int8 {
             sidecar.finish();
         }
@@ -311,6 +316,7 @@ impl Engine {
             experts: Some(experts),
             spine,
             memory,
+            warmed,
             masked_ids,
             faults: crate::Faults::from_env(),
             int8,
@@ -453,18 +459,28 @@ fn fetch_resident(cfg: &JsonConfig, ckpt: &Checkpoint) -> Result<(), EngineError
     Ok(())
 }
 
-/// Waits for the expert cache's buffers to be faulted in (begun as the store opened, so mostly
-/// done while the rest loaded), saying so when that wait is long.
-fn finish_warming(store: &CachedStore) {
+/// Waits for the expert cache to be faulted in or preloaded (begun as the store opened, so
+/// mostly done while the rest loaded), saying so when that wait is long.
+fn finish_warming(store: &CachedStore) -> Result<strata_experts::Warmed, EngineError> {
     let t0 = std::time::Instant::now();
-    let bytes = store.finish_warming();
+    let warmed = store
+        .finish_warming()
+        .map_err(|e| EngineError::Preload(e.to_string()))?;
     let waited = t0.elapsed().as_secs_f64();
     if waited >= 1.0 {
-        eprintln!(
-            "[strata] expert cache: {:.2} GiB of read buffers faulted in as the model loaded ({waited:.1} s after the rest)",
-            bytes as f64 / (1u64 << 30) as f64
-        );
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        let what = if warmed.preloaded_experts > 0 {
+            format!(
+                "{} experts ({:.2} GiB) read into it",
+                warmed.preloaded_experts,
+                gib(warmed.preloaded_bytes)
+            )
+        } else {
+            format!("{:.2} GiB of read buffers faulted in", gib(warmed.faulted_in))
+        };
+        eprintln!("[strata] expert cache: {what} as the model loaded ({waited:.1} s after the rest)");
     }
+    Ok(warmed)
 }
 
 #[cfg(test)]

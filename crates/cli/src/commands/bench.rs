@@ -80,6 +80,8 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     let Some(store) = engine.experts.clone() else {
         bail!("this model has no routed experts to stream");
     };
+    // Buffers the preload's reads made are the load's: the run's figure counts those after it.
+    let fresh_at_load = store.fresh_buffer_bytes();
     // The disk's own rate, before the decode and again after it (a VM's disk drifts): the bound
     // is their mean.
     let seed = args.seed.unwrap_or_else(|| {
@@ -233,9 +235,17 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         .map(|&(l, h, m)| serde_json::json!({"layer": l, "hits": h, "misses": m}))
         .collect();
     println!("model                 {} (seed {seed})", args.model.describe());
+    let gib = |b: f64| b / (1u64 << 30) as f64;
     println!(
-        "load                  {load_s:.2} s; expert cache {:.2} GiB",
-        store.budget() as f64 / (1u64 << 30) as f64
+        "load                  {load_s:.2} s; expert cache {:.2} GiB{}",
+        gib(store.budget() as f64),
+        match engine.warmed.preloaded_experts {
+            0 => String::new(),
+            n => format!(
+                ", {:.2} GiB of it ({n} experts) read while loading",
+                gib(engine.warmed.preloaded_bytes as f64)
+            ),
+        }
     );
     println!("memory plan           {}", plan_line(&engine.memory));
     println!(
@@ -388,7 +398,9 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             "load_s": load_s,
             "expert_cache_bytes": store.budget(),
             "memory_plan": super::inspect::memory_json(&engine.memory),
-            "fresh_read_buffer_bytes": store.fresh_buffer_bytes(),
+            "fresh_read_buffer_bytes": store.fresh_buffer_bytes() - fresh_at_load,
+            "preloaded_bytes": engine.warmed.preloaded_bytes,
+            "preloaded_experts": engine.warmed.preloaded_experts,
             "warmed_read_buffer_bytes": store.warmed_buffer_bytes(),
             "prefill_tokens": request.prompt.len(),
             "prefill_s": prefill_s,

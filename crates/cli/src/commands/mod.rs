@@ -213,10 +213,14 @@ pub struct MemArgs {
     /// (demand paging, kept to measure what it costs).
     #[arg(long, value_enum, default_value_t = Io::Pread)]
     io: Io,
-    /// When the expert cache's memory is faulted in: `at-load` (on every core while the model
-    /// loads, so no token waits for the kernel to zero fresh pages; the load takes that much
-    /// longer) or `on-read` (as experts are first read: a quicker start, slower first tokens).
-    #[arg(long, value_enum, default_value_t = FaultIn::AtLoad)]
+    /// When the expert cache's memory is faulted in, and with what: `preload` (while the model
+    /// loads, by reading experts into it, every MoE layer its share, at the disk's rate: the
+    /// first tokens then hit as often as later ones; a remote model's cache is faulted in empty
+    /// instead, nothing is downloaded for it), `at-load` (empty, on every core while the model
+    /// loads: no token waits for the kernel to zero fresh pages, but the first tokens read most
+    /// of their experts) or `on-read` (as experts are first read: the quickest start, the slowest
+    /// first tokens).
+    #[arg(long, value_enum, default_value_t = FaultIn::Preload)]
     fault_in: FaultIn,
     /// Which cached expert makes room: `lru` (least recently used) or `lfu` (least frequently
     /// used, each use's weight halving every --lfu-half-life expert accesses).
@@ -297,6 +301,7 @@ pub enum Switch {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum FaultIn {
+    Preload,
     AtLoad,
     OnRead,
 }
@@ -326,6 +331,7 @@ impl MemArgs {
                 Io::Mmap => strata_experts::IoMode::Mmap,
             },
             fault_in: match self.fault_in {
+                FaultIn::Preload => strata_experts::FaultIn::Preload,
                 FaultIn::AtLoad => strata_experts::FaultIn::AtLoad,
                 FaultIn::OnRead => strata_experts::FaultIn::OnRead,
             },

@@ -4,13 +4,20 @@ use crate::direct::IoMode;
 
 use super::Eviction;
 
-/// When the expert cache's memory is faulted in: all of it while the model loads (on every core;
-/// no token then waits for the kernel to zero fresh pages), or as experts are first read (a
-/// quicker start, slower first tokens).
+/// When the expert cache's memory is faulted in, and with what.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum FaultIn {
+    /// While the model loads, by reading experts into it (as many as it holds, every MoE layer
+    /// its share): the disk fills the cache at its sequential rate before the first token, so
+    /// the first tokens hit as often as later ones instead of reading most of their experts. A
+    /// remote model's experts are not fetched for this: its cache is faulted in empty
+    /// (`AtLoad`).
     #[default]
+    Preload,
+    /// While the model loads, empty, on every core: no token waits for the kernel to zero
+    /// fresh pages, but the first tokens read most of their experts.
     AtLoad,
+    /// As experts are first read: the quickest start, the slowest first tokens.
     OnRead,
 }
 
