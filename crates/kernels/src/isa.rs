@@ -78,3 +78,17 @@ pub fn has_avx512_vnni() -> bool {
         false
     })
 }
+
+/// Whether the 4-bit kernels take their 512-bit AVX-512 step (two blocks per step, the same
+/// bits): [`has_avx512_vnni`] and the CPU has AVX-512 BW, unless `STRATA_INTDOT_512=0` asks for
+/// the 256-bit step (to compare the two on one machine).
+pub fn has_avx512_vnni_bw() -> bool {
+    static WIDE: OnceLock<bool> = OnceLock::new();
+    *WIDE.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        if has_avx512_vnni() && std::env::var("STRATA_INTDOT_512").as_deref() != Ok("0") {
+            return std::is_x86_feature_detected!("avx512bw");
+        }
+        false
+    })
+}

@@ -595,13 +595,19 @@ fn avx512_kernels_equal_their_scalar_twins() {
     }
 }
 
-/// The 4-bit kernels' AVX-512 VNNI step sums the same integers as their AVX2 one: the same bits,
-/// for one token and for several, every scale kind (so a VNNI machine's output equals an AVX2
-/// machine's).
+/// The 4-bit kernels' AVX-512 VNNI steps (256-bit, and 512-bit with two blocks per step) sum
+/// the same integers as their AVX2 one in the same order: the same bits, for one token and for
+/// several, odd and even block counts, every scale kind (so a VNNI machine's output equals an
+/// AVX2 machine's).
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn the_vnni_step_gives_the_avx2_bits() {
-    use intdot::x86::Scales;
+    use intdot::x86::{Scales, Step};
+    eprintln!(
+        "4-bit steps: VNNI {}, 512-bit {}",
+        strata_kernels::isa::has_avx512_vnni(),
+        strata_kernels::isa::has_avx512_vnni_bw()
+    );
     if !strata_kernels::isa::has_avx512_vnni() {
         eprintln!("no AVX-512 VNNI in use on this CPU: its step is tested where it exists");
         return;
@@ -630,19 +636,22 @@ fn the_vnni_step_gives_the_avx2_bits() {
             1 => (Scales::Bf16Wide(&s16, 6), n / 32, None),
             _ => (Scales::E8m0(&e8), n / 32, Some(&lut)),
         };
-        let run = |vnni: bool| {
+        let run = |step: Step| {
             let mut out = vec![0f32; rows * tokens];
-            // SAFETY: VNNI (and so AVX2 and FMA) is in use on this CPU.
+            // SAFETY: VNNI (and so AVX2 and FMA) is in use on this CPU, and BW for `Wide`.
             unsafe {
-                intdot::x86::dot_rows_with(vnni, &packed, n / 2, scales, per_row, lut, &refs, &mut out)
+                intdot::x86::dot_rows_with(step, &packed, n / 2, scales, per_row, lut, &refs, &mut out)
             };
             out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
         };
-        assert_eq!(
-            run(true),
-            run(false),
-            "case {case}: {rows} rows, {tokens} tokens, n={n}"
-        );
+        let avx2 = run(Step::Avx2);
+        let what = format!("case {case}: {rows} rows, {tokens} tokens, n={n}");
+        assert_eq!(run(Step::Vnni), avx2, "{what}");
+        if strata_kernels::isa::has_avx512_vnni_bw() {
+            // `prepare` pairs the blocks up for the 512-bit step (without, it takes 256 bits).
+            assert!(acts.iter().all(|a| a.pairs.len() == a.blocks.len() / 2), "{what}");
+            assert_eq!(run(Step::Wide), avx2, "{what}: the 512-bit step");
+        }
     }
 }
 
