@@ -184,3 +184,40 @@ fn streamed_layers_change_nothing_through_the_binary() {
         assert_eq!(run("stream"), run("resident"), "{name}: streamed generation");
     }
 }
+
+/// The model as the first argument is `--model`; a bare `ORG/NAME` that is no local path is a
+/// Hugging Face model (offline and not cached: an error naming `hf://ORG/NAME`).
+#[test]
+fn the_model_as_first_argument_and_org_name_as_a_hub_model() {
+    let name = BF16_MODELS[0];
+    let dir = fixture(name);
+    let dir = dir.to_str().unwrap();
+    let entry = &golden(name)["generation"][0];
+    let flagged = greedy_run(dir, entry, &[]);
+    let mut args = common::greedy_args(dir, entry);
+    args.retain(|a| a != "--model"); // ["run", dir, ...]
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert_eq!(&args[..2], ["run", dir]);
+    assert_eq!(strata(&args), flagged, "{name}: MODEL as the first argument");
+
+    let cache = std::env::temp_dir().join(format!("strata-org-name-{}", std::process::id()));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args([
+            "run",
+            "no-such-org/no-such-model",
+            "--offline",
+            "--ids",
+            "1",
+            "--cache-dir",
+        ])
+        .arg(&cache)
+        .output()
+        .expect("spawn strata");
+    let _ = std::fs::remove_dir_all(&cache);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("taking it as hf://no-such-org/no-such-model"),
+        "{err}"
+    );
+}

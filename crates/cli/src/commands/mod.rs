@@ -81,14 +81,17 @@ enum Command {
     Synth(synth::SynthArgs),
 }
 
-/// `--model`, shared by every command.
-#[derive(clap::Args, Clone, Debug)]
+/// The model, shared by every command: as the first argument (`strata run MODEL`) or `--model`.
+#[derive(clap::Args, Clone, Debug, Default)]
 pub struct ModelArg {
+    /// The model, as --model gives it (`strata run Qwen/Qwen3-30B-A3B`).
+    #[arg(value_name = "MODEL", conflicts_with = "model")]
+    positional: Option<String>,
     /// Model: a local folder (Hugging Face layout: config.json, *.safetensors, tokenizer files),
-    /// a local GGUF file (the first file of a split one; Qwen3-MoE, DeepSeek-V3/Kimi K2 and
-    /// Mixtral with F32/F16/BF16 weights so far), `hf://ORG/NAME[@REVISION]`, or an `http(s)://`
-    /// folder URL. Remote models are read with one Range request per missing run into a local
-    /// cache. Default: the embedded demo model.
+    /// a local GGUF file (the first file of a split one), `hf://ORG/NAME[@REVISION]` (a bare
+    /// `ORG/NAME[@REVISION]` that is no local path means the same), or an `http(s)://` folder
+    /// URL. Remote models are read with one Range request per missing run into a local cache.
+    /// Default: the embedded demo model.
     #[arg(long, short = 'm', value_name = "DIR|FILE.gguf|hf://ORG/NAME|URL")]
     model: Option<String>,
     /// Cache for remote models. Default: $XDG_CACHE_HOME/strata or ~/.cache/strata.
@@ -100,6 +103,30 @@ pub struct ModelArg {
 }
 
 impl ModelArg {
+    /// The model `spec` (as `--model` takes it).
+    pub fn of(spec: String, cache_dir: Option<PathBuf>, offline: bool) -> ModelArg {
+        ModelArg {
+            positional: None,
+            model: Some(spec),
+            cache_dir,
+            offline,
+        }
+    }
+
+    /// The model asked for, a bare `ORG/NAME` that is no local path as `hf://ORG/NAME`; none for
+    /// the embedded model.
+    fn spec(&self) -> Option<String> {
+        let spec = self.model.as_ref().or(self.positional.as_ref())?;
+        Some(match hub_shorthand(spec) {
+            Some(hf) => {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| eprintln!("[strata] {spec} is not a local path: taking it as {hf}"));
+                hf
+            }
+            None => spec.clone(),
+        })
+    }
+
     pub fn remote_options(&self) -> strata_remote::RemoteOptions {
         strata_remote::RemoteOptions::new(self.cache_dir.clone(), self.offline)
     }
@@ -107,7 +134,7 @@ impl ModelArg {
     /// The model's folder (for a remote model: its local mirror, small files and headers
     /// present) and, for a remote model, the source that fills the rest on demand.
     pub fn open(&self) -> Result<(PathBuf, Option<Arc<strata_remote::Mirror>>)> {
-        match &self.model {
+        match &self.spec() {
             Some(spec) => {
                 let (dir, mirror) = strata_remote::open_location(spec, &self.remote_options())
                     .map_err(|e| anyhow::anyhow!("{e}"))
@@ -153,10 +180,71 @@ impl ModelArg {
     }
 
     pub fn describe(&self) -> String {
-        match &self.model {
-            Some(d) => d.clone(),
-            None => default_model::NAME.to_string(),
+        self.spec().unwrap_or_else(|| default_model::NAME.to_string())
+    }
+}
+
+/// `hf://ORG/NAME[@REVISION]` for a bare `ORG/NAME[@REVISION]` (one slash, a repository id's
+/// characters) that names no local path; `None` for anything else.
+fn hub_shorthand(spec: &str) -> Option<String> {
+    hub_shorthand_unless(spec, |p| p.exists())
+}
+
+/// [`hub_shorthand`] with `exists` telling which paths are local.
+fn hub_shorthand_unless(spec: &str, exists: impl Fn(&std::path::Path) -> bool) -> Option<String> {
+    let id = |s: &str| {
+        !s.is_empty()
+            && !s.starts_with(['.', '-'])
+            && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    };
+    let (repo, rev) = match spec.split_once('@') {
+        Some((repo, rev)) if !rev.is_empty() => (repo, Some(rev)),
+        Some(_) => return None,
+        None => (spec, None),
+    };
+    let (org, name) = repo.split_once('/')?;
+    if !id(org) || !id(name) || exists(std::path::Path::new(spec)) {
+        return None;
+    }
+    Some(match rev {
+        Some(rev) => format!("hf://{org}/{name}@{rev}"),
+        None => format!("hf://{org}/{name}"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::hub_shorthand;
+
+    #[test]
+    fn a_bare_repository_id_is_a_hub_model_and_paths_stay_paths() {
+        let hf = |s: &str| hub_shorthand(s);
+        assert_eq!(
+            hf("Qwen/Qwen3-30B-A3B").as_deref(),
+            Some("hf://Qwen/Qwen3-30B-A3B")
+        );
+        assert_eq!(
+            hf("moonshotai/Kimi-K2.5@main").as_deref(),
+            Some("hf://moonshotai/Kimi-K2.5@main")
+        );
+        for not in [
+            "model",
+            "./Qwen/x",
+            "/abs/path",
+            "a/b/c",
+            "hf://Qwen/x",
+            "https://host/x",
+            "org/",
+            "/name",
+            "org/name@",
+            "../up",
+            "my model/x",
+        ] {
+            assert_eq!(hf(not), None, "{not}");
         }
+        // A local folder of that shape stays local.
+        let local = super::hub_shorthand_unless("org/name", |p| p == std::path::Path::new("org/name"));
+        assert_eq!(local, None);
     }
 }
 

@@ -21,7 +21,8 @@ pub enum Experts {
 
 #[derive(clap::Args)]
 pub struct PullArgs {
-    /// `hf://ORG/NAME[@REVISION]` or an `http(s)://` folder URL.
+    /// `hf://ORG/NAME[@REVISION]` (or a bare `ORG/NAME[@REVISION]`) or an `http(s)://` folder
+    /// URL.
     #[arg(value_name = "MODEL")]
     model: String,
     /// Cache for remote models. Default: $XDG_CACHE_HOME/strata or ~/.cache/strata.
@@ -38,11 +39,7 @@ const CHUNK: u64 = 64 << 20;
 const PARALLEL: usize = 8;
 
 pub fn pull(args: PullArgs) -> Result<()> {
-    let model = ModelArg {
-        model: Some(args.model.clone()),
-        cache_dir: args.cache_dir.clone(),
-        offline: false,
-    };
+    let model = ModelArg::of(args.model.clone(), args.cache_dir.clone(), false);
     let (dir, mirror) = model.open()?;
     let Some(mirror) = mirror else {
         bail!("{} is a local folder: there is nothing to pull", dir.display());

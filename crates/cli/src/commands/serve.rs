@@ -15,8 +15,9 @@ pub struct ServeArgs {
     model: ModelArg,
     #[command(flatten)]
     mem: MemArgs,
-    /// Address to listen on (loopback unless told otherwise).
-    #[arg(long, default_value = "127.0.0.1")]
+    /// Address to listen on (loopback unless told otherwise): an IP address or a host name
+    /// (`localhost`, `0.0.0.0`, `::`).
+    #[arg(long, default_value = "127.0.0.1", value_parser = parse_host)]
     host: IpAddr,
     #[arg(long, default_value_t = 8080)]
     port: u16,
@@ -95,4 +96,31 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         ..ServeOptions::new(SocketAddr::new(args.host, args.port), name)
     };
     strata_server::serve_blocking(Arc::new(engine), options)
+}
+
+/// An IP address, or the first address a host name resolves to (`localhost`).
+fn parse_host(text: &str) -> Result<IpAddr, String> {
+    if let Ok(ip) = text.parse() {
+        return Ok(ip);
+    }
+    use std::net::ToSocketAddrs;
+    let mut addrs = (text, 0).to_socket_addrs().map_err(|e| {
+        format!("`{text}` is neither an IP address nor a host name this machine resolves: {e}")
+    })?;
+    addrs
+        .next()
+        .map(|a| a.ip())
+        .ok_or_else(|| format!("`{text}` resolves to no address"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn hosts_are_addresses_or_names() {
+        assert_eq!(super::parse_host("127.0.0.1"), Ok([127, 0, 0, 1].into()));
+        assert_eq!(super::parse_host("::1"), Ok(std::net::Ipv6Addr::LOCALHOST.into()));
+        assert!(super::parse_host("localhost").unwrap().is_loopback());
+        let err = super::parse_host("no such host.invalid").unwrap_err();
+        assert!(err.contains("no such host.invalid"), "{err}");
+    }
 }
