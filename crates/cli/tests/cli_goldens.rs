@@ -221,3 +221,50 @@ fn the_model_as_first_argument_and_org_name_as_a_hub_model() {
         "{err}"
     );
 }
+
+/// `--file FILE` and `--prompt -` (standard input) give the prompt `--prompt TEXT` gives, one
+/// final newline dropped.
+#[test]
+fn the_prompt_from_a_file_or_standard_input() {
+    let dir = fixture(BF16_MODELS[0]);
+    let dir = dir.to_str().unwrap();
+    let text = "Hello there, tiny model";
+    let common = [
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "3",
+        "--output",
+        "json",
+        "--ignore-eos",
+    ];
+    let run = |extra: &[&str], stdin: Option<&str>| {
+        use std::io::Write;
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_strata"))
+            .args(["run", dir])
+            .args(common)
+            .args(extra)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn strata");
+        let mut input = child.stdin.take().unwrap();
+        input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
+        drop(input);
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{extra:?}");
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    let want = run(&["--prompt", text], None);
+    let file = std::env::temp_dir().join(format!("strata-prompt-{}.txt", std::process::id()));
+    std::fs::write(&file, format!("{text}\n")).unwrap();
+    let from_file = run(&["-f", file.to_str().unwrap()], None);
+    std::fs::remove_file(&file).unwrap();
+    assert_eq!(from_file, want, "--file");
+    assert_eq!(
+        run(&["--prompt", "-"], Some(&format!("{text}\n"))),
+        want,
+        "--prompt -"
+    );
+    assert_eq!(run(&["--file", "-"], Some(text)), want, "--file -");
+}

@@ -20,17 +20,24 @@ pub enum Output {
 }
 
 #[derive(clap::Args)]
-#[command(group(clap::ArgGroup::new("input").required(true).args(["prompt", "ids"])))]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["prompt", "file", "ids"])))]
+#[command(group(clap::ArgGroup::new("text").args(["prompt", "file"])))]
 pub struct RunArgs {
     #[command(flatten)]
     model: ModelArg,
     #[command(flatten)]
     mem: MemArgs,
-    /// The prompt text (encoded with the tokenizer's special tokens, e.g. BOS, unless --chat).
+    /// The prompt text (encoded with the tokenizer's special tokens, e.g. BOS, unless --chat);
+    /// `-` reads it from standard input.
     #[arg(long, short = 'p', value_name = "TEXT")]
     prompt: Option<String>,
-    /// Wrap --prompt as a user message in the model's chat template (with the generation prompt).
-    #[arg(long, requires = "prompt")]
+    /// The prompt text from a file (`-`: standard input), as --prompt takes it; one final newline
+    /// is dropped.
+    #[arg(long, short = 'f', value_name = "FILE")]
+    file: Option<std::path::PathBuf>,
+    /// Wrap the prompt as a user message in the model's chat template (with the generation
+    /// prompt).
+    #[arg(long, requires = "text")]
     chat: bool,
     /// System message for --chat.
     #[arg(long, value_name = "TEXT", requires = "chat")]
@@ -104,7 +111,8 @@ fn prompt_ids(args: &RunArgs, tok: Option<&Tokenizer>, dir: &Path) -> Result<Vec
     if let Some(ids) = &args.ids {
         return parse_ids(ids);
     }
-    let text = args.prompt.as_deref().expect("clap requires --prompt or --ids");
+    let text = prompt_text(args)?;
+    let text = text.as_str();
     let tok = tok.ok_or_else(|| strata_runtime::EngineError::NoTokenizer(dir.to_path_buf()))?;
     if !args.chat {
         return Ok(tok.encode(text, true)?);
@@ -124,6 +132,31 @@ fn prompt_ids(args: &RunArgs, tok: Option<&Tokenizer>, dir: &Path) -> Result<Vec
     Ok(tok
         .encode_chat(&serde_json::Value::Array(messages), None, true, &kwargs)?
         .0)
+}
+
+/// The prompt's text: `--prompt TEXT`, or read from `--file FILE` or standard input (`-`).
+fn prompt_text(args: &RunArgs) -> Result<String> {
+    let read = |path: &Path| -> Result<String> {
+        let mut text = if path == Path::new("-") {
+            std::io::read_to_string(std::io::stdin()).context("reading the prompt from standard input")?
+        } else {
+            std::fs::read_to_string(path)
+                .with_context(|| format!("reading the prompt from {}", path.display()))?
+        };
+        if text.ends_with('\n') {
+            text.pop();
+            if text.ends_with('\r') {
+                text.pop();
+            }
+        }
+        Ok(text)
+    };
+    match (&args.file, args.prompt.as_deref()) {
+        (Some(path), _) => read(path),
+        (None, Some("-")) => read(Path::new("-")),
+        (None, Some(text)) => Ok(text.to_string()),
+        (None, None) => bail!("give the prompt: --prompt TEXT, --file FILE or --ids IDS"),
+    }
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
