@@ -232,3 +232,23 @@ fn wrong_dtype_and_bad_json() {
     std::fs::write(s.path("config.json"), "{ not json").unwrap();
     expect_error(&s.0, &["config.json", "JSON"]);
 }
+
+/// `strata cache gc` never empties the cache unasked: it needs --max-size or --all.
+#[test]
+fn cache_gc_needs_a_size_or_all() {
+    let dir = std::env::temp_dir().join(format!("strata-gc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let gc = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_strata"))
+            .args(["cache", "--cache-dir", dir.to_str().unwrap(), "gc"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let bare = gc(&[]);
+    let stderr = String::from_utf8_lossy(&bare.stderr);
+    assert!(!bare.status.success() && stderr.contains("--all"), "{stderr}");
+    assert!(gc(&["--all"]).status.success());
+    assert!(gc(&["--max-size", "1G"]).status.success());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

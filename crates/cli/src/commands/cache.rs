@@ -25,10 +25,15 @@ enum Action {
         #[arg(long)]
         repair: bool,
     },
-    /// Remove cached revisions, least recently used first, down to --max-size (all without it).
+    /// Remove cached revisions, least recently used first, down to --max-size, or every one
+    /// with --all (one of the two must be given).
+    #[command(group(clap::ArgGroup::new("how_much").required(true).args(["max_size", "all"])))]
     Gc {
         #[arg(long, value_name = "SIZE", value_parser = strata_runtime::parse_size)]
         max_size: Option<usize>,
+        /// Remove every cached model.
+        #[arg(long)]
+        all: bool,
     },
 }
 
@@ -90,7 +95,8 @@ pub fn cache(args: CacheArgs) -> Result<()> {
                 bail!("{bad} cached runs are corrupt; `strata cache verify --repair` drops them");
             }
         }
-        Action::Gc { max_size } => {
+        Action::Gc { max_size, .. } => {
+            // Without --max-size, --all was given (clap requires one): down to nothing.
             for m in maintain::gc(&dir, max_size.unwrap_or(0) as u64)? {
                 println!("removed {} {} ({})", m.name, m.revision, gb(m.present));
             }
