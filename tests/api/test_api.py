@@ -1,6 +1,7 @@
 """strata serve through the official `openai` client in strict response validation mode."""
 
 import json
+from pathlib import Path
 import urllib.error
 import urllib.request
 
@@ -196,8 +197,14 @@ def test_api_key_required_when_set(fixtures_dir):
         assert e.value.code == 401
         assert json.loads(e.value.read())["error"]["code"] == "invalid_api_key"
         assert s.client(api_key="sekrit").models.list().data
-        with urllib.request.urlopen(s.url + "/health") as r:
+        with urllib.request.urlopen(s.url + "/health?token=sekrit") as r:
             assert r.status == 200
+        # A line per request (method, path, status, time), never a key nor a query.
+        log = Path(s.log.name).read_text()
+        assert "strata::access: GET /v1/models 401" in log, log
+        assert "strata::access: GET /v1/models 200" in log, log
+        assert "strata::access: GET /health 200" in log, log
+        assert "sekrit" not in log, log
     finally:
         s.stop()
 

@@ -30,7 +30,8 @@ fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("STRATA_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                // Warnings, and `strata serve`'s line per request.
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,strata::access=info")),
         )
         .with_writer(std::io::stderr)
         // Colours only for a person at a terminal: none in pipes, logs and files, nor with NO_COLOR.

@@ -124,6 +124,7 @@ pub fn router(engine: Arc<Engine>, options: ServeOptions) -> (Router, scheduler:
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(middleware::from_fn_with_state(state.clone(), guard::body))
         .layer(middleware::from_fn_with_state(state.clone(), guard::access))
+        .layer(middleware::from_fn(guard::log))
         .with_state(state);
     (app, engine_health)
 }
