@@ -268,3 +268,18 @@ fn the_prompt_from_a_file_or_standard_input() {
     );
     assert_eq!(run(&["--file", "-"], Some(text)), want, "--file -");
 }
+
+/// The embedded model says what it is whenever it is used.
+#[test]
+fn the_embedded_model_says_it_is_a_random_demo() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["run", "--prompt", "Hello", "--max-tokens", "2"])
+        .output()
+        .expect("spawn strata");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("embedded demo model (tiny, random weights"),
+        "{stderr}"
+    );
+}

@@ -147,7 +147,15 @@ impl ModelArg {
                 }
                 Ok((dir, mirror))
             }
-            None => Ok((default_model::path()?, None)),
+            None => {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    eprintln!(
+                        "[strata] no model given: the embedded demo model (tiny, random weights: its text is noise); give one as `strata run MODEL`"
+                    )
+                });
+                Ok((default_model::path()?, None))
+            }
         }
     }
 
