@@ -5,12 +5,14 @@
 //!
 //! A template comes with the model files, so it is untrusted code: a render runs on a fuel
 //! budget (instructions; minijinja's own limits bound recursion and repeated strings), its
-//! output is cut off past a size, every function it can call returns errors instead of
-//! panicking, and the caller's keyword arguments cannot replace what the renderer sets.
+//! output is cut off past a size, a value too large to print or serialize is an error before it
+//! is walked (a repeated sequence, `5 ** 11 * messages`, is lazy: printing it would iterate
+//! without fuel), every function it can call returns errors instead of panicking, and the
+//! caller's keyword arguments cannot replace what the renderer sets.
 
 use std::path::Path;
 
-use minijinja::value::{Kwargs, Value as JValue};
+use minijinja::value::{Kwargs, Value as JValue, ValueKind};
 use minijinja::{Environment, Error, ErrorKind};
 use serde_json::{Map, Value};
 
@@ -24,6 +26,9 @@ const TEMPLATE_NAME: &str = "chat";
 pub const TEMPLATE_FUEL: u64 = 50_000_000;
 /// Bytes one render may write.
 pub const MAX_RENDERED_BYTES: usize = 32 << 20;
+/// Items (elements, keys and values, nested ones counted) a value may hold to be printed or
+/// serialized: a chat's messages and tools are far fewer.
+const MAX_PRINTED_ITEMS: usize = 1 << 20;
 /// Variables the renderer sets that keyword arguments (`chat_template_kwargs`) cannot replace.
 pub const RESERVED_TEMPLATE_KEYS: &[&str] = &[
     "messages",
@@ -119,7 +124,45 @@ impl std::io::Write for Capped {
     }
 }
 
+/// An error when `value` holds more than [`MAX_PRINTED_ITEMS`] items; counted from lengths
+/// first, so a huge lazy sequence is refused without being iterated.
+fn check_printable(value: &JValue) -> std::result::Result<(), Error> {
+    fn exceeds(v: &JValue, budget: &mut usize) -> bool {
+        if !matches!(v.kind(), ValueKind::Seq | ValueKind::Map | ValueKind::Iterable) {
+            return false;
+        }
+        if v.len().is_some_and(|n| n > *budget) {
+            return true;
+        }
+        let Ok(items) = v.try_iter() else { return false };
+        for item in items {
+            if *budget == 0 {
+                return true;
+            }
+            *budget -= 1;
+            let child = if v.kind() == ValueKind::Map {
+                v.get_item(&item).unwrap_or_default()
+            } else {
+                item
+            };
+            if exceeds(&child, budget) {
+                return true;
+            }
+        }
+        false
+    }
+    let mut budget = MAX_PRINTED_ITEMS;
+    if exceeds(value, &mut budget) {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("a value of more than {MAX_PRINTED_ITEMS} items is too large to print"),
+        ));
+    }
+    Ok(())
+}
+
 fn tojson(value: JValue, kwargs: Kwargs) -> std::result::Result<JValue, Error> {
+    check_printable(&value)?;
     let indent: Option<usize> = kwargs.get("indent")?;
     // Other json.dumps options (ensure_ascii, sort_keys, separators) are accepted and ignored.
     for key in ["ensure_ascii", "sort_keys", "separators"] {
@@ -145,6 +188,10 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
+        env.set_formatter(|out, state, value| {
+            check_printable(value)?;
+            minijinja::escape_formatter(out, state, value)
+        });
         let compiled = guarded(|| env.add_template_owned(TEMPLATE_NAME, source.clone()))?;
         compiled.map_err(|e| TokenizerError::Template(format!("does not compile: {}", describe(&e))))?;
         Ok(ChatTemplate { env, source })
@@ -230,6 +277,24 @@ mod tests {
         let messages = serde_json::json!([{"role": "user", "content": "hi"}]);
         let kwargs = kwargs.as_object().cloned().unwrap_or_default();
         t.render(&messages, None, true, &Map::new(), &kwargs)
+    }
+
+    /// Found by the fuzz target: a lazily repeated sequence (10^12 items) printed or
+    /// serialized is an error at once, not an iteration without fuel; small ones still print.
+    #[test]
+    fn a_huge_repeated_sequence_is_an_error_not_a_hang() {
+        for source in [
+            "{{5\n\n**11\n\n*messages*11111.}}",
+            "{{ [5 ** 11 * messages] }}",
+            "{{ (5 ** 11 * messages) | tojson }}",
+        ] {
+            let e = render(source, serde_json::json!({})).unwrap_err();
+            assert!(e.to_string().contains("too large to print"), "{source}: {e}");
+        }
+        assert_eq!(
+            render("{{ 2 * [1, 2] }}", serde_json::json!({})).unwrap(),
+            "[1, 2, 1, 2]"
+        );
     }
 
     /// Found by the fuzz target: a malformed `for` whose error span ends before it starts.
