@@ -28,9 +28,12 @@ use crate::engine::stats::StoreStats;
 use crate::plan::ExpertPlan;
 
 mod demand;
+mod lru;
 mod options;
 mod uring;
 mod warm;
+pub use lru::Eviction;
+use lru::{Entry, Lru};
 pub use options::{CacheOptions, FaultIn};
 pub use uring::available as uring_available;
 use warm::{preload_keys, warm_lengths};
@@ -40,53 +43,6 @@ type Key = (usize, usize);
 
 /// The result of a queued guess that was cancelled before it was read.
 const CANCELLED: &str = "cancelled";
-
-/// Which cached expert makes room for a new one.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Eviction {
-    /// The least recently used.
-    #[default]
-    Lru,
-    /// The least frequently used, with each use's weight halving every `half_life` accesses (so
-    /// experts popular long ago fade out).
-    LfuDecay { half_life: u64 },
-}
-
-struct Entry {
-    expert: Arc<Expert>,
-    bytes: usize,
-    tick: u64,
-    /// LFU score as of `tick`.
-    score: f64,
-}
-
-#[derive(Default)]
-struct Lru {
-    map: HashMap<Key, Entry>,
-    /// tick -> key, oldest first.
-    order: BTreeMap<u64, Key>,
-    bytes: usize,
-    tick: u64,
-}
-
-impl Lru {
-    fn decayed(score: f64, since: u64, half_life: u64) -> f64 {
-        score * 0.5f64.powf(since as f64 / half_life.max(1) as f64)
-    }
-
-    /// The key to evict under `policy`.
-    fn victim(&self, policy: Eviction) -> Option<Key> {
-        match policy {
-            Eviction::Lru => self.order.first_key_value().map(|(_, k)| *k),
-            Eviction::LfuDecay { half_life } => self
-                .map
-                .iter()
-                .map(|(k, e)| (Self::decayed(e.score, self.tick - e.tick, half_life), e.tick, *k))
-                .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)))
-                .map(|(_, _, k)| k),
-        }
-    }
-}
 
 /// One expert's read in flight (or queued): whoever needs the expert waits on its slot. A guess
 /// (`speculative`) may be cancelled while still queued.
@@ -186,10 +142,10 @@ impl CachedStore {
             })
             .max()
             .unwrap_or(0);
-        let preload = fault_in == FaultIn::Preload && io != IoMode::Mmap && ckpt.source().is_none();
+        let preloading = fault_in == FaultIn::Preload && io != IoMode::Mmap && ckpt.source().is_none();
         // Preloaded experts fault in their own buffers as they are read: the warmer makes only
         // those of the reads in flight.
-        let warm = warm_lengths(&plans, if preload { 0 } else { budget }, kept_buffers.max(1));
+        let warm = warm_lengths(&plans, if preloading { 0 } else { budget }, kept_buffers.max(1));
         let warm_bytes = warm.iter().map(|&l| AlignedBuf::capacity_for(l)).sum::<usize>();
         let mut files = Vec::with_capacity(ckpt.n_shards());
         for s in 0..ckpt.n_shards() {
@@ -244,7 +200,7 @@ impl CachedStore {
         };
         let warmer =
             (io != IoMode::Mmap && fault_in != FaultIn::OnRead).then(|| Warmer::start(&shared.pool, warm));
-        let preload = if preload {
+        let preload = if preloading {
             let keys = preload_keys(&shared.plans, budget);
             keys.into_iter().map(|k| (k, shared.request(k, true))).collect()
         } else {
@@ -757,63 +713,5 @@ impl ExpertStore for CachedStore {
             .lock()
             .expect("prediction lock")
             .insert(layer, wanted);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use strata_kernels::Linear;
-
-    fn tiny_expert() -> Arc<Expert> {
-        let l = || Linear::from_f32(1, 1, vec![0.0]);
-        Arc::new(Expert {
-            gate: l(),
-            up: l(),
-            down: l(),
-        })
-    }
-
-    /// Inserts keys 0..n at ticks 1..=n with the given LFU scores.
-    fn cache(scores: &[f64]) -> Lru {
-        let mut lru = Lru::default();
-        for (i, &score) in scores.iter().enumerate() {
-            lru.tick += 1;
-            let tick = lru.tick;
-            lru.order.insert(tick, (0, i));
-            lru.map.insert(
-                (0, i),
-                Entry {
-                    expert: tiny_expert(),
-                    bytes: 1,
-                    tick,
-                    score,
-                },
-            );
-        }
-        lru
-    }
-
-    #[test]
-    fn lru_evicts_the_oldest_and_lfu_the_least_used() {
-        let lru = cache(&[5.0, 1.0, 3.0]);
-        assert_eq!(lru.victim(Eviction::Lru), Some((0, 0)));
-        assert_eq!(
-            lru.victim(Eviction::LfuDecay { half_life: 1_000_000 }),
-            Some((0, 1))
-        );
-    }
-
-    #[test]
-    fn lfu_scores_decay_with_age() {
-        // Expert 0 was used a lot long ago; expert 1 a little, recently.
-        let mut lru = cache(&[8.0, 2.0]);
-        lru.map.get_mut(&(0, 0)).unwrap().tick = 0;
-        lru.tick = 40;
-        lru.map.get_mut(&(0, 1)).unwrap().tick = 40;
-        // Half-life 10: 8 x 2^-4 = 0.5 < 2, so the old favourite goes first.
-        assert_eq!(lru.victim(Eviction::LfuDecay { half_life: 10 }), Some((0, 0)));
-        // Half-life 1000: it still counts almost 8, so the recent one goes.
-        assert_eq!(lru.victim(Eviction::LfuDecay { half_life: 1000 }), Some((0, 1)));
     }
 }

@@ -326,7 +326,7 @@ pub fn simd() -> bool {
     false
 }
 
-/// The SIMD kernel of the CPU ([`x86::dot_rows_avx2`] or [`crate::neon_intdot::dot_rows`]): row
+/// The SIMD kernel of the CPU ([`x86::dot_rows_with`] in its best step, or [`crate::neon_intdot::dot_rows`]): row
 /// i's packed bytes at `i * row_bytes`, its scales `i * scales_per_row` into `scales`,
 /// `out[i * T + t]` row i times token t (T = `acts.len()`), each token's sum in the steps of a
 /// one-token call. Panics when [`simd`] is false.
@@ -343,7 +343,16 @@ pub fn dot_rows(
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `simd()` found AVX2 and FMA.
     unsafe {
-        x86::dot_rows_avx2(packed, row_bytes, scales, scales_per_row, lut, acts, out)
+        x86::dot_rows_with(
+            x86::Step::best(),
+            packed,
+            row_bytes,
+            scales,
+            scales_per_row,
+            lut,
+            acts,
+            out,
+        )
     }
     #[cfg(target_arch = "aarch64")]
     // SAFETY: `simd()` found NEON (every aarch64 CPU has it).

@@ -148,7 +148,16 @@ pub unsafe fn dot_avx2(packed: &[u8], scales: Scales, lut: Option<&[u8; 16]>, a:
         Scales::Bf16Group32(s) | Scales::Bf16Wide(s, _) => s.len(),
         Scales::E8m0(s) => s.len(),
     };
-    dot_rows_avx2(packed, a.blocks.len() * 32, scales, per_row, lut, &[a], &mut out);
+    dot_rows_with(
+        Step::best(),
+        packed,
+        a.blocks.len() * 32,
+        scales,
+        per_row,
+        lut,
+        &[a],
+        &mut out,
+    );
     out[0]
 }
 
@@ -179,38 +188,12 @@ impl Step {
     }
 }
 
-/// [`dot_avx2`] for a run of rows and one or more tokens: row i's packed bytes start at
-/// `i * row_bytes` and its scales `i * scales_per_row` scales into `scales`; `out[i * T + t]`
-/// (T = `acts.len()`, all of the same length) is row i times token t. Each weight block is
-/// unpacked once for up to four tokens, and each token's sum takes exactly the steps of a
-/// one-token call (batch invariance). One call for a run of rows keeps the per-row work
-/// (checks, dispatch) out of the loop.
-///
-/// # Safety
-/// The CPU must have AVX2 and FMA.
-#[target_feature(enable = "avx2,fma")]
-pub unsafe fn dot_rows_avx2(
-    packed: &[u8],
-    row_bytes: usize,
-    scales: Scales,
-    scales_per_row: usize,
-    lut: Option<&[u8; 16]>,
-    acts: &[&IntAct],
-    out: &mut [f32],
-) {
-    dot_rows_with(
-        Step::best(),
-        packed,
-        row_bytes,
-        scales,
-        scales_per_row,
-        lut,
-        acts,
-        out,
-    )
-}
-
-/// [`dot_rows_avx2`] in the form `step`: the same bits in each.
+/// [`dot_avx2`] for a run of rows and one or more tokens, in the form `step` (the same bits in
+/// each; [`Step::best`] is the CPU's): row i's packed bytes start at `i * row_bytes` and its
+/// scales `i * scales_per_row` scales into `scales`; `out[i * T + t]` (T = `acts.len()`, all of
+/// the same length) is row i times token t. Each weight block is unpacked once for up to four
+/// tokens, and each token's sum takes exactly the steps of a one-token call (batch invariance).
+/// One call for a run of rows keeps the per-row work (checks, dispatch) out of the loop.
 ///
 /// # Safety
 /// The CPU must have AVX2 and FMA; for [`Step::Vnni`] AVX-512 F, VL and VNNI; for
