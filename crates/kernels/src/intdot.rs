@@ -82,12 +82,45 @@ impl ActPair {
     }
 }
 
+/// One block of a prepared activation as bytes in input order, for the aarch64 dot-product
+/// step (`neon_intdot::Step::Dotprod`): q = 256 hi + lo with both halves signed bytes
+/// (hi = (q + 128) >> 8, lo = q - 256 hi), and r, input i at index i of each.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub struct DotBytes {
+    pub hi: [i8; 64],
+    pub lo: [i8; 64],
+    pub r: [i8; 64],
+}
+
+impl DotBytes {
+    fn of(b: &ActBlock) -> DotBytes {
+        let mut d = DotBytes {
+            hi: [0; 64],
+            lo: [0; 64],
+            r: [0; 64],
+        };
+        for i in 0..BLOCK {
+            let q = b.q[q_slot(i)] as i32;
+            // |q| <= 32513, so hi is within -127..=127 and lo within -128..=127.
+            let hi = (q + 128) >> 8;
+            d.hi[i] = hi as i8;
+            d.lo[i] = (q - 256 * hi) as i8;
+            d.r[i] = b.r[r_slot(i)];
+        }
+        d
+    }
+}
+
 /// An activation prepared for [`x86::dot_avx2`], whole blocks of 64 inputs only.
 pub struct IntAct {
     pub blocks: Vec<ActBlock>,
     /// Whole pairs of `blocks` as the 512-bit step reads them (empty where it is not in use:
     /// a kernel given none takes its 256-bit step).
     pub pairs: Vec<ActPair>,
+    /// `blocks` as the aarch64 dot-product step reads them (empty where it is not in use: a
+    /// kernel given none takes the plain NEON step).
+    pub dots: Vec<DotBytes>,
 }
 
 impl IntAct {
@@ -102,6 +135,11 @@ impl IntAct {
         self.pairs = (self.blocks.chunks_exact(2))
             .map(|b| ActPair::of(&b[0], &b[1]))
             .collect();
+    }
+
+    /// Fills [`IntAct::dots`] from the blocks (for the aarch64 dot-product step).
+    pub fn dot_bytes(&mut self) {
+        self.dots = self.blocks.iter().map(DotBytes::of).collect();
     }
 
     /// The step lane of input j (its half's step x factor / 256).
@@ -177,7 +215,13 @@ pub fn prepare(x: &[f32], offset: i32, factor: f32) -> IntAct {
         }
         return a;
     }
-    prepare_reference(x, offset, factor)
+    #[allow(unused_mut)]
+    let mut a = prepare_reference(x, offset, factor);
+    #[cfg(all(target_arch = "aarch64", target_endian = "little"))]
+    if crate::neon_intdot::Step::best() == crate::neon_intdot::Step::Dotprod {
+        a.dot_bytes();
+    }
+    a
 }
 
 /// Scalar twin of [`x86::prepare_avx2`] (the same values, bit for bit).
@@ -185,6 +229,7 @@ pub fn prepare_reference(x: &[f32], offset: i32, factor: f32) -> IntAct {
     let mut a = IntAct {
         blocks: vec![EMPTY; x.len() / BLOCK],
         pairs: Vec::new(),
+        dots: Vec::new(),
     };
     for (b, block) in a.blocks.iter_mut().enumerate() {
         for half in 0..2 {
@@ -326,7 +371,7 @@ pub fn simd() -> bool {
     false
 }
 
-/// The SIMD kernel of the CPU ([`x86::dot_rows_with`] in its best step, or [`crate::neon_intdot::dot_rows`]): row
+/// The SIMD kernel of the CPU ([`x86::dot_rows_with`] or [`crate::neon_intdot::dot_rows_with`] in its best step): row
 /// i's packed bytes at `i * row_bytes`, its scales `i * scales_per_row` into `scales`,
 /// `out[i * T + t]` row i times token t (T = `acts.len()`), each token's sum in the steps of a
 /// one-token call. Panics when [`simd`] is false.
@@ -355,9 +400,18 @@ pub fn dot_rows(
         )
     }
     #[cfg(target_arch = "aarch64")]
-    // SAFETY: `simd()` found NEON (every aarch64 CPU has it).
+    // SAFETY: `simd()` found NEON (every aarch64 CPU has it); `best` checks for dotprod.
     unsafe {
-        crate::neon_intdot::dot_rows(packed, row_bytes, scales, scales_per_row, lut, acts, out)
+        crate::neon_intdot::dot_rows_with(
+            crate::neon_intdot::Step::best(),
+            packed,
+            row_bytes,
+            scales,
+            scales_per_row,
+            lut,
+            acts,
+            out,
+        )
     }
 }
 

@@ -62,6 +62,7 @@ pub unsafe fn prepare_avx2(x: &[f32], offset: i32, factor: f32) -> IntAct {
     let mut a = IntAct {
         blocks: vec![super::EMPTY; x.len() / BLOCK],
         pairs: Vec::new(),
+        dots: Vec::new(),
     };
     let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
     for (b, out) in a.blocks.iter_mut().enumerate() {

@@ -282,6 +282,49 @@ impl Row4 {
     }
 }
 
+/// On aarch64 with the dot-product instructions: the `sdot` step gives the plain NEON step's
+/// bits for one to five tokens (the second to fifth are the first scaled).
+#[cfg(target_arch = "aarch64")]
+fn same_steps(row: &Row4, n: usize, x: &[f32], offset: i32, factor: f32, what: &str) {
+    use strata_kernels::neon_intdot::{dot_rows_with, Step};
+    if !std::arch::is_aarch64_feature_detected!("dotprod") {
+        return;
+    }
+    let acts: Vec<intdot::IntAct> = (0..5)
+        .map(|t| {
+            let xt: Vec<f32> = x.iter().map(|v| v * (1.0 + t as f32 * 0.37)).collect();
+            let mut a = intdot::prepare_reference(&xt, offset, factor);
+            a.dot_bytes();
+            a
+        })
+        .collect();
+    for tokens in 1..=acts.len() {
+        let refs: Vec<&intdot::IntAct> = acts[..tokens].iter().collect();
+        let run = |step| {
+            let mut out = vec![0f32; tokens];
+            // SAFETY: NEON is on every aarch64 CPU; dotprod was detected above.
+            unsafe {
+                dot_rows_with(
+                    step,
+                    &row.packed,
+                    n / 2,
+                    row.scales(),
+                    row.per_row(),
+                    row.lut(),
+                    &refs,
+                    &mut out,
+                )
+            };
+            out
+        };
+        same_bits(
+            &format!("{what} sdot step, {tokens} tokens"),
+            &run(Step::Dotprod),
+            &run(Step::Neon),
+        );
+    }
+}
+
 fn four_bit(rng: &mut Rand) {
     if !intdot::simd() {
         println!("no SIMD integer kernel on this CPU: the 4-bit formats run their f32 twins");
@@ -306,6 +349,15 @@ fn four_bit(rng: &mut Rand) {
             row.lut(),
             &[&a],
             &mut got,
+        );
+        #[cfg(target_arch = "aarch64")]
+        same_steps(
+            &row,
+            n,
+            &x,
+            offset,
+            factor,
+            &format!("case {case} kind {}", row.kind),
         );
         let want = intdot::dot_reference(&row.values, &row.half_scales, &a);
         // The same integer sums; only the order of the f32 steps differs.
@@ -460,6 +512,11 @@ fn main() {
         "kernels in use: {} (cpu's best: {})",
         isa::isa().name(),
         isa::detected().name()
+    );
+    #[cfg(target_arch = "aarch64")]
+    println!(
+        "4-bit step: {:?} (the sdot step is checked against the plain one where the CPU has it)",
+        strata_kernels::neon_intdot::Step::best()
     );
     let mut rng = Rand(0x0A64_2026_1201_0001);
     let cases: [Case; 6] = [
