@@ -91,6 +91,9 @@ pub struct Batch<'e> {
     saved: Vec<Vec<f32>>,
     /// Sequences that sit out the coming steps (their consumer has not taken what they made).
     held: Vec<u64>,
+    /// Ids whose state is kept when they leave, and the states kept (see [`Batch::add_resumed`]).
+    keep: Vec<u64>,
+    kept: Vec<SeqState>,
 }
 
 /// What one sequence feeds in a step.
@@ -115,6 +118,8 @@ impl<'e> Batch<'e> {
             seqs: Vec::new(),
             saved: Vec::new(),
             held: Vec::new(),
+            keep: Vec::new(),
+            kept: Vec::new(),
         }
     }
 
@@ -134,10 +139,38 @@ impl<'e> Batch<'e> {
         Ok(())
     }
 
+    /// Adds a sequence whose `cache` holds the first `reused` tokens of its prompt (fewer than
+    /// all of them), and keeps its state when it leaves for [`Batch::take_kept`].
+    pub fn add_resumed(
+        &mut self,
+        id: u64,
+        request: Request,
+        extras: RequestExtras,
+        cache: strata_models::KvCache,
+        reused: usize,
+    ) -> Result<(), EngineError> {
+        self.engine.check(&request)?;
+        assert!(reused < request.prompt.len() && cache.len == reused);
+        self.seqs
+            .push(SeqState::resume(self.engine, id, request, extras, cache, reused));
+        self.keep.push(id);
+        Ok(())
+    }
+
+    /// The cache of a sequence added with [`Batch::add_resumed`] that has left, and the tokens
+    /// it holds; None while it runs, or when it failed (its cache may hold part of a pass).
+    pub fn take_kept(&mut self, id: u64) -> Option<(strata_models::KvCache, Vec<u32>)> {
+        let at = self.kept.iter().position(|s| s.id == id)?;
+        let s = self.kept.swap_remove(at);
+        let tokens = s.cached_tokens();
+        Some((s.cache, tokens))
+    }
+
     /// Drops a sequence (its consumer went away).
     pub fn cancel(&mut self, id: u64) {
         self.seqs.retain(|s| s.id != id);
         self.held.retain(|&h| h != id);
+        self.keep.retain(|&k| k != id);
     }
 
     /// Whether sequence `id` sits out the coming steps (its state kept as it is) until told
@@ -195,11 +228,19 @@ impl<'e> Batch<'e> {
         for (feed, result) in feeds.iter().zip(results) {
             leaves[feed.seq] = self.finish_feed(feed, result, on_event);
         }
-        let mut i = 0;
-        self.seqs.retain(|_| {
-            i += 1;
-            !leaves[i - 1]
-        });
+        let (left, stay): (Vec<_>, Vec<_>) = std::mem::take(&mut self.seqs)
+            .into_iter()
+            .zip(leaves)
+            .partition(|(_, leaves)| *leaves);
+        self.seqs = stay.into_iter().map(|(s, _)| s).collect();
+        for (s, _) in left {
+            if let Some(at) = self.keep.iter().position(|&k| k == s.id) {
+                self.keep.swap_remove(at);
+                if !s.failed {
+                    self.kept.push(s);
+                }
+            }
+        }
         let seqs = &self.seqs;
         self.held.retain(|&h| seqs.iter().any(|s| s.id == h));
         Ok(())
@@ -218,6 +259,7 @@ impl<'e> Batch<'e> {
         let logits = match result {
             Ok(logits) => logits,
             Err(error) => {
+                s.failed = true;
                 on_event(s.id, GenEvent::Failed { error });
                 return true;
             }
@@ -234,10 +276,12 @@ impl<'e> Batch<'e> {
             }
             Ok(Ok((None, alive))) => !alive,
             Ok(Err(error)) => {
+                s.failed = true;
                 on_event(id, GenEvent::Failed { error });
                 true
             }
             Err(panic) => {
+                s.failed = true;
                 let error = EngineError::SequencePanicked(panic_text(&*panic));
                 on_event(id, GenEvent::Failed { error });
                 true

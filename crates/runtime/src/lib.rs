@@ -11,6 +11,7 @@ mod model_plan;
 mod rng;
 mod sampler;
 mod sequence;
+mod session;
 mod stop;
 
 pub use engine::{available_memory, parse_size, Engine, EngineError, LoadOptions, LogitsOutput};
@@ -21,4 +22,5 @@ pub use memory::{MemoryPlan, SpineFormat, SpineMode, MIN_STATE_TOKENS};
 pub use model_plan::ModelPlan;
 pub use rng::Rng;
 pub use sampler::{Sampler, SamplingParams};
+pub use session::{Session, Turn};
 pub use stop::StopMatcher;

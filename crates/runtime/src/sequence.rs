@@ -22,6 +22,8 @@ pub(crate) struct SeqState {
     /// Tokens not yet fed to the model: the prompt (fed a chunk per step), then one sampled
     /// token at a time.
     pub pending: Vec<u32>,
+    /// A forward pass or a step after it failed (its cache may hold part of a pass).
+    pub failed: bool,
 }
 
 /// log-softmax of `logits` at `id` and the `k` most likely tokens (masked ones never among them).
@@ -49,7 +51,20 @@ pub(crate) fn logprobs_of(logits: &[f32], id: u32, k: usize) -> TokenLogprobs {
 
 impl SeqState {
     pub fn new(engine: &Engine, id: u64, request: Request, extras: RequestExtras) -> SeqState {
-        let mut cache = engine.new_cache();
+        SeqState::resume(engine, id, request, extras, engine.new_cache(), 0)
+    }
+
+    /// A sequence whose `cache` already holds the first `reused` tokens of its prompt (a
+    /// conversation's earlier turns): only the rest is fed.
+    pub fn resume(
+        engine: &Engine,
+        id: u64,
+        request: Request,
+        extras: RequestExtras,
+        mut cache: KvCache,
+        reused: usize,
+    ) -> SeqState {
+        debug_assert!(reused < request.prompt.len() && cache.len == reused);
         cache.reserve(engine.positions(&request));
         SeqState {
             id,
@@ -59,10 +74,17 @@ impl SeqState {
             generated: Vec::new(),
             decoder: StreamDecoder::new(!extras.keep_special),
             stop: StopMatcher::new(request.stop.clone()),
-            pending: request.prompt.clone(),
+            pending: request.prompt[reused..].to_vec(),
             request,
             extras,
+            failed: false,
         }
+    }
+
+    /// The tokens the cache holds: the prompt and the generated tokens fed so far.
+    pub fn cached_tokens(&self) -> Vec<u32> {
+        let all = self.request.prompt.iter().chain(&self.generated);
+        all.take(self.cache.len).copied().collect()
     }
 
     /// Whether the next feed is (part of) a prompt rather than one sampled token.

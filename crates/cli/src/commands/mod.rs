@@ -2,6 +2,7 @@
 
 mod bench;
 mod cache;
+mod chat;
 mod inspect;
 mod pull;
 mod run;
@@ -60,6 +61,9 @@ pub struct Cli {
 enum Command {
     /// Generate text (or token ids) from a prompt, streaming it as it is produced.
     Run(run::RunArgs),
+    /// Chat with the model in the terminal: turns through its chat template, each feeding only
+    /// its new tokens; Ctrl-C stops an answer; /help lists the commands.
+    Chat(chat::ChatArgs),
     /// Print the argmax at every position and the last position's logits, as JSON.
     Logits(tokens::LogitsArgs),
     /// Turn text or a chat conversation into token ids, as JSON.
@@ -508,13 +512,14 @@ pub fn dispatch(cli: Cli) -> Result<()> {
     tracing::debug!("compute threads: {threads}");
     let computes = matches!(
         cli.command,
-        Command::Run(_) | Command::Logits(_) | Command::Serve(_) | Command::Bench(_)
+        Command::Run(_) | Command::Chat(_) | Command::Logits(_) | Command::Serve(_) | Command::Bench(_)
     );
     if computes {
         setup_device(cli.device, cli.gpu_mem.as_deref(), cli.gpu_experts)?;
     }
     match cli.command {
         Command::Run(a) => run::run(a),
+        Command::Chat(a) => chat::chat(a),
         Command::Logits(a) => tokens::logits(a),
         Command::Tokenize(a) => tokens::tokenize(a),
         Command::Detokenize(a) => tokens::detokenize(a),

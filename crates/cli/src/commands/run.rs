@@ -20,7 +20,7 @@ pub enum Output {
 }
 
 #[derive(clap::Args)]
-#[command(group(clap::ArgGroup::new("input").required(true).args(["prompt", "file", "ids"])))]
+#[command(group(clap::ArgGroup::new("input").required(true).multiple(true).args(["prompt", "file", "ids", "messages"])))]
 #[command(group(clap::ArgGroup::new("text").args(["prompt", "file"])))]
 pub struct RunArgs {
     #[command(flatten)]
@@ -39,18 +39,39 @@ pub struct RunArgs {
     /// prompt).
     #[arg(long, requires = "text")]
     chat: bool,
-    /// System message for --chat.
-    #[arg(long, value_name = "TEXT", requires = "chat")]
+    /// A conversation so far, as a JSON array of messages (what `strata chat`'s /save writes),
+    /// put through the chat template with the generation prompt; with --chat the prompt is
+    /// added as the next user message.
+    #[arg(long, value_name = "FILE", conflicts_with = "ids")]
+    messages: Option<std::path::PathBuf>,
+    /// System message for --chat or --messages.
+    #[arg(long, value_name = "TEXT")]
     system: Option<String>,
     /// Extra chat-template variables as a JSON object (e.g. '{"enable_thinking": false}').
-    #[arg(long, value_name = "JSON", requires = "chat")]
+    #[arg(long, value_name = "JSON")]
     template_kwargs: Option<String>,
     /// The prompt as token ids, comma-separated, instead of text.
-    #[arg(long, value_name = "IDS")]
+    #[arg(long, value_name = "IDS", conflicts_with_all = ["prompt", "file"])]
     ids: Option<String>,
     /// Most tokens to generate.
     #[arg(long, short = 'n', default_value_t = 256, value_name = "N")]
     max_tokens: usize,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    /// Keep generating past the end-of-sequence token.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Stop when this text appears (not printed); may be given several times.
+    #[arg(long, value_name = "TEXT")]
+    stop: Vec<String>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Output::Text)]
+    output: Output,
+}
+
+/// Sampling flags, shared by `run` and `chat`.
+#[derive(clap::Args)]
+pub struct SamplingArgs {
     /// Sampling temperature; 0 = greedy. Default: the model's generation_config.json, else 0.
     /// (`-t` is the thread count, as in llama.cpp.)
     #[arg(long, alias = "temp", value_name = "T")]
@@ -70,65 +91,88 @@ pub struct RunArgs {
     /// Random seed: the same seed and settings give the same output. Default: from the clock.
     #[arg(long, value_name = "S")]
     seed: Option<u64>,
-    /// Keep generating past the end-of-sequence token.
-    #[arg(long)]
-    ignore_eos: bool,
-    /// Stop when this text appears (not printed); may be given several times.
-    #[arg(long, value_name = "TEXT")]
-    stop: Vec<String>,
-    /// Output format.
-    #[arg(long, value_enum, default_value_t = Output::Text)]
-    output: Output,
 }
 
-fn sampling(args: &RunArgs, engine: &Engine) -> Result<SamplingParams> {
-    let d = engine.sampling_defaults();
-    let params = SamplingParams {
-        temperature: args.temperature.unwrap_or(d.temperature),
-        top_k: args.top_k.unwrap_or(d.top_k),
-        top_p: args.top_p.unwrap_or(d.top_p),
-        min_p: args.min_p.unwrap_or(d.min_p),
-        repetition_penalty: args.repetition_penalty.unwrap_or(d.repetition_penalty),
-        seed: args.seed.unwrap_or(d.seed),
-        ..d
+impl SamplingArgs {
+    /// The flags over the model's defaults, checked.
+    pub fn params(&self, engine: &Engine) -> Result<SamplingParams> {
+        let d = engine.sampling_defaults();
+        let params = SamplingParams {
+            temperature: self.temperature.unwrap_or(d.temperature),
+            top_k: self.top_k.unwrap_or(d.top_k),
+            top_p: self.top_p.unwrap_or(d.top_p),
+            min_p: self.min_p.unwrap_or(d.min_p),
+            repetition_penalty: self.repetition_penalty.unwrap_or(d.repetition_penalty),
+            seed: self.seed.unwrap_or(d.seed),
+            ..d
+        };
+        if !(params.temperature >= 0.0 && params.temperature.is_finite()) {
+            bail!("--temperature must be >= 0");
+        }
+        if !(params.top_p > 0.0 && params.top_p <= 1.0) {
+            bail!("--top-p must be in (0, 1]");
+        }
+        if !(0.0..=1.0).contains(&params.min_p) {
+            bail!("--min-p must be in [0, 1]");
+        }
+        if !(params.repetition_penalty > 0.0 && params.repetition_penalty.is_finite()) {
+            bail!("--repetition-penalty must be > 0");
+        }
+        Ok(params)
+    }
+}
+
+/// `--template-kwargs`: a JSON object, or none.
+pub fn template_kwargs(text: Option<&str>) -> Result<serde_json::Map<String, serde_json::Value>> {
+    match text {
+        Some(s) => match serde_json::from_str(s).context("--template-kwargs: not valid JSON")? {
+            serde_json::Value::Object(m) => Ok(m),
+            _ => bail!("--template-kwargs must be a JSON object"),
+        },
+        None => Ok(Default::default()),
+    }
+}
+
+/// A conversation saved as a JSON array of messages (`{"role": ..., "content": ...}`), as
+/// `strata chat`'s /save writes it.
+pub fn read_messages(path: &Path) -> Result<Vec<serde_json::Value>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{}: not valid JSON", path.display()))?;
+    let serde_json::Value::Array(messages) = value else {
+        bail!("{}: a JSON array of messages was expected", path.display());
     };
-    if !(params.temperature >= 0.0 && params.temperature.is_finite()) {
-        bail!("--temperature must be >= 0");
+    for (i, m) in messages.iter().enumerate() {
+        if !(m.get("role").is_some_and(|r| r.is_string()) && m.get("content").is_some()) {
+            bail!(
+                "{}: message {i} needs a \"role\" string and a \"content\"",
+                path.display()
+            );
+        }
     }
-    if !(params.top_p > 0.0 && params.top_p <= 1.0) {
-        bail!("--top-p must be in (0, 1]");
-    }
-    if !(0.0..=1.0).contains(&params.min_p) {
-        bail!("--min-p must be in [0, 1]");
-    }
-    if !(params.repetition_penalty > 0.0 && params.repetition_penalty.is_finite()) {
-        bail!("--repetition-penalty must be > 0");
-    }
-    Ok(params)
+    Ok(messages)
 }
 
 fn prompt_ids(args: &RunArgs, tok: Option<&Tokenizer>, dir: &Path) -> Result<Vec<u32>> {
     if let Some(ids) = &args.ids {
         return parse_ids(ids);
     }
-    let text = prompt_text(args)?;
-    let text = text.as_str();
     let tok = tok.ok_or_else(|| strata_runtime::EngineError::NoTokenizer(dir.to_path_buf()))?;
-    if !args.chat {
-        return Ok(tok.encode(text, true)?);
-    }
     let mut messages = Vec::new();
     if let Some(system) = &args.system {
         messages.push(json!({"role": "system", "content": system}));
     }
-    messages.push(json!({"role": "user", "content": text}));
-    let kwargs = match &args.template_kwargs {
-        Some(s) => match serde_json::from_str(s).context("--template-kwargs: not valid JSON")? {
-            serde_json::Value::Object(m) => m,
-            _ => bail!("--template-kwargs must be a JSON object"),
-        },
-        None => Default::default(),
-    };
+    if let Some(path) = &args.messages {
+        messages.extend(read_messages(path)?);
+    }
+    if args.prompt.is_some() || args.file.is_some() {
+        let text = prompt_text(args)?;
+        if !args.chat && args.messages.is_none() {
+            return Ok(tok.encode(&text, true)?);
+        }
+        messages.push(json!({"role": "user", "content": text}));
+    }
+    let kwargs = template_kwargs(args.template_kwargs.as_deref())?;
     Ok(tok
         .encode_chat(&serde_json::Value::Array(messages), None, true, &kwargs)?
         .0)
@@ -160,6 +204,9 @@ fn prompt_text(args: &RunArgs) -> Result<String> {
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
+    if (args.system.is_some() || args.template_kwargs.is_some()) && !args.chat && args.messages.is_none() {
+        bail!("--system and --template-kwargs go with --chat or --messages");
+    }
     let t_load = Instant::now();
     // The prompt first: its length and --max-tokens are the positions the plan reserves.
     let opened = args.model.open()?;
@@ -173,7 +220,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     let request = Request {
         prompt,
         max_new_tokens: args.max_tokens,
-        sampling: sampling(&args, &engine)?,
+        sampling: args.sampling.params(&engine)?,
         stop: args.stop.clone(),
         ignore_eos: args.ignore_eos,
     };
