@@ -1,6 +1,8 @@
 """strata serve through the official `openai` client in strict response validation mode."""
 
 import json
+import re
+import time
 from pathlib import Path
 import urllib.error
 import urllib.request
@@ -199,8 +201,24 @@ def test_api_key_required_when_set(fixtures_dir):
         assert s.client(api_key="sekrit").models.list().data
         with urllib.request.urlopen(s.url + "/health?token=sekrit") as r:
             assert r.status == 200
-        # A line per request (method, path, status, time), never a key nor a query.
+        client = s.client(api_key="sekrit")
+        client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=3, temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+        stream = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0,
+            stream=True, extra_body={"ignore_eos": True},
+        )
+        assert len([c for c in stream if c.choices and c.choices[0].delta.content is not None]) >= 1
+        # A line per request (method, path, status, time; tokens and time to the first token
+        # for generation, written once the response is sent), never a key nor a query.
+        deadline = time.time() + 5
+        while "completion 4 tokens" not in Path(s.log.name).read_text() and time.time() < deadline:
+            time.sleep(0.05)
         log = Path(s.log.name).read_text()
+        assert re.search(r"strata::access: POST /v1/chat/completions 200 [0-9.]+ s \| prompt \d+ completion 3 tokens \| first token [0-9.]+ s", log), log
+        assert re.search(r"strata::access: POST /v1/chat/completions 200 [0-9.]+ s \| prompt \d+ completion 4 tokens", log), log
         assert "strata::access: GET /v1/models 401" in log, log
         assert "strata::access: GET /v1/models 200" in log, log
         assert "strata::access: GET /health 200" in log, log

@@ -30,6 +30,7 @@ fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("STRATA_LOG")
+                .or_else(|_| tracing_subscriber::EnvFilter::try_from_env("RUST_LOG"))
                 // Warnings, and `strata serve`'s line per request.
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,strata::access=info")),
         )

@@ -276,22 +276,6 @@ async fn drain(mut body: Body) {
     while let Some(Ok(_)) = body.frame().await {}
 }
 
-/// One line per request at `info` under the target `strata::access` (on by default in `strata
-/// serve`; `STRATA_LOG` filters it): method, path (no query: nothing secret), status, and the time
-/// to the response's head (a stream's events follow it). Bodies and keys are never logged.
-pub async fn log(request: Request, next: Next) -> Response {
-    let (method, path) = (request.method().clone(), request.uri().path().to_string());
-    let t0 = std::time::Instant::now();
-    let response = next.run(request).await;
-    tracing::info!(
-        target: "strata::access",
-        "{method} {path} {} {:.3} s",
-        response.status().as_u16(),
-        t0.elapsed().as_secs_f64()
-    );
-    response
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,6 +10,7 @@
 //! within its limits); connections are accepted and timed by `listen.rs`. If the engine thread
 //! stops, `/health` answers 503 and the server exits with an error.
 
+mod access;
 mod api;
 mod chat;
 mod chat_request;
@@ -124,7 +125,7 @@ pub fn router(engine: Arc<Engine>, options: ServeOptions) -> (Router, scheduler:
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(middleware::from_fn_with_state(state.clone(), guard::body))
         .layer(middleware::from_fn_with_state(state.clone(), guard::access))
-        .layer(middleware::from_fn(guard::log))
+        .layer(middleware::from_fn(access::log))
         .with_state(state);
     (app, engine_health)
 }

@@ -46,6 +46,8 @@ pub struct EventTx {
 pub struct EventRx {
     rx: mpsc::UnboundedReceiver<(usize, Event)>,
     unread: Arc<AtomicUsize>,
+    /// The access log's record of the request, counting its tokens as they are taken.
+    usage: Option<Arc<crate::access::Usage>>,
 }
 
 /// Events a request's consumer may leave untaken before its sequences are held back.
@@ -60,7 +62,11 @@ pub fn events() -> (EventTx, EventRx) {
             tx,
             unread: unread.clone(),
         },
-        EventRx { rx, unread },
+        EventRx {
+            rx,
+            unread,
+            usage: crate::access::current(),
+        },
     )
 }
 
@@ -84,8 +90,11 @@ impl EventTx {
 impl EventRx {
     pub async fn recv(&mut self) -> Option<(usize, Event)> {
         let event = self.rx.recv().await;
-        if event.is_some() {
+        if let Some((_, e)) = &event {
             self.unread.fetch_sub(1, Ordering::Relaxed);
+            if let (Event::Token { .. }, Some(u)) = (e, &self.usage) {
+                u.token();
+            }
         }
         event
     }

@@ -98,6 +98,9 @@ pub fn submit(
             )
         });
     }
+    if let (Some(usage), Some(r)) = (crate::access::current(), requests.first()) {
+        usage.prompt(r.prompt.len());
+    }
     let (tx, rx) = crate::scheduler::events();
     for (index, request) in requests.into_iter().enumerate() {
         state.scheduler.submit(Job {
