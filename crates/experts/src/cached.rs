@@ -243,18 +243,20 @@ impl CachedStore {
     }
 
     /// Waits until the whole cache is faulted in, empty or preloaded (begun by `open`, so it
-    /// overlaps the rest of the model's loading); an error names the expert a preload read
-    /// failed on.
-    pub fn finish_warming(&self) -> Result<Warmed, BoxError> {
+    /// overlaps the rest of the model's loading), telling `progress` (bytes, of all) after each
+    /// preloaded expert; an error names the expert a preload read failed on.
+    pub fn finish_warming(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<Warmed, BoxError> {
         if let Some(w) = &self.warmer {
             w.wait();
         }
         let reads = std::mem::take(&mut *self.preload.lock().expect("preload lock"));
+        let total = reads.iter().map(|(key, _)| self.shared.plans[key].bytes).sum();
         let (mut experts, mut bytes) = (0, 0);
         for (key, read) in reads {
             read.slot.wait()?;
             experts += 1;
             bytes += self.shared.plans[&key].bytes;
+            progress(bytes, total);
         }
         Ok(Warmed {
             faulted_in: self.warmed_buffer_bytes(),

@@ -7,6 +7,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::safetensors::{parse_header, TensorInfo};
@@ -72,6 +73,9 @@ pub struct Checkpoint {
     /// The name a tensor has in the files, when it is not the name the families ask for (a
     /// GGUF model's), for errors.
     file_name: Option<FileName>,
+    /// Bytes [`Checkpoint::read_into`] has read from the files (shared by clones): a load's
+    /// progress.
+    read: Arc<AtomicU64>,
 }
 
 /// A tensor's name in a checkpoint's files, from the name the families ask for.
@@ -170,6 +174,7 @@ impl Checkpoint {
             preloaded: None,
             int8: None,
             file_name,
+            read: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -217,6 +222,7 @@ impl Checkpoint {
             // Streamed layers are built from the bytes read each time: they keep their format.
             int8: None,
             file_name: self.file_name.clone(),
+            read: self.read.clone(),
         }
     }
 
@@ -303,6 +309,12 @@ impl Checkpoint {
         self.tensors.values()
     }
 
+    /// Bytes read from the files by [`Checkpoint::read_into`] so far, by this checkpoint and its
+    /// clones.
+    pub fn bytes_read(&self) -> u64 {
+        self.read.load(Ordering::Relaxed)
+    }
+
     /// Reads a tensor's raw bytes with one positioned read.
     pub fn read_bytes(&self, name: &str) -> Result<Vec<u8>> {
         let len = self.entry(name)?.info.len as usize;
@@ -341,6 +353,7 @@ impl Checkpoint {
             ))
         })?;
         drop_cached_range(&shard.file, entry.info.offset, entry.info.len);
+        self.read.fetch_add(entry.info.len, Ordering::Relaxed);
         Ok(())
     }
 

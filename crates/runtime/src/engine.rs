@@ -1,12 +1,11 @@
 //! Loading a model folder into a ready engine, and the single-pass queries (`logits`).
 
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use strata_experts::{CachedStore, SpineStore};
-use strata_formats::{Checkpoint, GenerationConfig, JsonConfig, QuantizationConfig};
-use strata_models::{family_for, load_model, KvCache, LayerStore, Loading, Model, SeqInput, Trace};
+use strata_formats::{GenerationConfig, QuantizationConfig};
+use strata_models::{load_model, KvCache, LayerStore, Loading, Model, SeqInput, Trace};
 use strata_tokenizer::Tokenizer;
 
 use crate::int8_spine::Int8Sidecar;
@@ -99,6 +98,8 @@ pub struct LoadOptions {
     /// Prompt tokens processed per step at most (`--prefill-chunk`). Default: sized to the
     /// model's hidden dimension so one step's activations stay within the working memory.
     pub prefill_chunk: Option<usize>,
+    /// Told the progress of the load's long stages (progress bars).
+    pub progress: Option<crate::Progress>,
 }
 
 /// Parses a size such as `512M`, `8G`, `1.5GiB`, `30K` or `123456` (bytes); binary units.
@@ -236,8 +237,11 @@ impl Engine {
         let ckpt = ckpt
             .with_quantization(QuantizationConfig::from_config(&cfg.text_config()?)?)
             .with_source(source);
+        let t_load = std::time::Instant::now();
         let plan = ModelPlan::from_dir(dir)?;
         let memory = MemoryPlan::new(&plan, options)?;
+        tracing::info!("{}", crate::loading::plan_line(&memory));
+        let progress = options.progress.as_ref();
         let int8 = (options.spine_format == crate::SpineFormat::Int8).then(|| {
             Arc::new(Int8Sidecar::open(
                 options.cache_dir.as_deref(),
@@ -247,7 +251,7 @@ impl Engine {
         });
         let ckpt = ckpt.with_int8_spine(int8.clone().map(|s| s as Arc<dyn strata_formats::Int8Spine>));
         if ckpt.source().is_some() {
-            fetch_resident(&cfg, &ckpt)?;
+            crate::loading::fetch_resident(&cfg, &ckpt, progress)?;
         }
         // The stores first, from the config; the model gets them.
         let cache = strata_experts::CacheOptions {
@@ -285,8 +289,10 @@ impl Engine {
             streamed: memory.streamed.iter().copied().collect(),
             layers: spine.clone().map(|s| s as Arc<dyn LayerStore>),
         };
-        let model = load_model(&cfg, &ckpt, &loading)?;
-        let warmed = finish_warming(&experts)?;
+        let model = crate::loading::resident(progress, &ckpt, memory.resident as u64, || {
+            load_model(&cfg, &ckpt, &loading)
+        })?;
+        let warmed = crate::loading::finish_warming(&experts, progress)?;
         if let Some(sidecar) = &int8 {
             sidecar.finish();
         }
@@ -308,6 +314,11 @@ impl Engine {
             Some(tok) => (0..vocab).filter(|&id| !tok.can_decode(id)).collect(),
             None => Vec::new(),
         };
+        tracing::info!(
+            "loaded {} in {:.2} s",
+            dir.display(),
+            t_load.elapsed().as_secs_f64()
+        );
         Ok(Engine {
             dir: dir.to_path_buf(),
             model,
@@ -420,67 +431,6 @@ impl Engine {
             all_logits: out,
         })
     }
-}
-
-/// For a checkpoint whose bytes come from a remote source: makes every non-expert tensor present
-/// first, adjacent tensors merged into one range (one request per contiguous missing run rather
-/// than one per tensor).
-fn fetch_resident(cfg: &JsonConfig, ckpt: &Checkpoint) -> Result<(), EngineError> {
-    let layout = (family_for(cfg)?.expert_layout)(cfg)?;
-    let mut prefixes = HashSet::new();
-    for &l in &layout.moe_layers {
-        for e in 0..layout.n_experts {
-            for p in 0..3 {
-                prefixes.insert(layout.tensor_base(l, e, p));
-            }
-        }
-    }
-    let mut ranges: Vec<(usize, u64, u64)> = ckpt
-        .entries()
-        .filter(|e| {
-            !e.info
-                .name
-                .rsplit_once('.')
-                .is_some_and(|(base, _)| prefixes.contains(base))
-        })
-        .map(|e| (e.shard, e.info.offset, e.info.offset + e.info.len))
-        .collect();
-    ranges.sort_unstable();
-    let mut merged: Vec<(usize, u64, u64)> = Vec::new();
-    for (shard, a, b) in ranges {
-        match merged.last_mut() {
-            Some(last) if last.0 == shard && a <= last.2 => last.2 = last.2.max(b),
-            _ => merged.push((shard, a, b)),
-        }
-    }
-    for (shard, a, b) in merged {
-        ckpt.ensure(shard, a, b - a)?;
-    }
-    Ok(())
-}
-
-/// Waits for the expert cache to be faulted in or preloaded (begun as the store opened, so
-/// mostly done while the rest loaded), saying so when that wait is long.
-fn finish_warming(store: &CachedStore) -> Result<strata_experts::Warmed, EngineError> {
-    let t0 = std::time::Instant::now();
-    let warmed = store
-        .finish_warming()
-        .map_err(|e| EngineError::Preload(e.to_string()))?;
-    let waited = t0.elapsed().as_secs_f64();
-    if waited >= 1.0 {
-        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-        let what = if warmed.preloaded_experts > 0 {
-            format!(
-                "{} experts ({:.2} GiB) read into it",
-                warmed.preloaded_experts,
-                gib(warmed.preloaded_bytes)
-            )
-        } else {
-            format!("{:.2} GiB of read buffers faulted in", gib(warmed.faulted_in))
-        };
-        eprintln!("[strata] expert cache: {what} as the model loaded ({waited:.1} s after the rest)");
-    }
-    Ok(warmed)
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ mod engine;
 mod faults;
 mod generate;
 mod int8_spine;
+mod loading;
 mod memory;
 mod model_plan;
 mod rng;
@@ -18,6 +19,7 @@ pub use engine::{available_memory, parse_size, Engine, EngineError, LoadOptions,
 pub use faults::Faults;
 pub use generate::{Batch, FinishReason, GenEvent, Request, RequestExtras, TokenLogprobs};
 pub use int8_spine::{Int8Sidecar, Int8Stats};
+pub use loading::{LoadProgress, Progress};
 pub use memory::{MemoryPlan, SpineFormat, SpineMode, MIN_STATE_TOKENS};
 pub use model_plan::ModelPlan;
 pub use rng::Rng;

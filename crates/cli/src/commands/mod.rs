@@ -1,5 +1,6 @@
 //! Command-line definitions and dispatch. Each command lives in its own file.
 
+mod bars;
 mod bench;
 mod cache;
 mod chat;
@@ -443,6 +444,7 @@ impl MemArgs {
             state_tokens: self.state_tokens,
             sequences: 1,
             prefill_chunk: self.prefill_chunk.map(|n| n as usize),
+            progress: Some(bars::Bars::progress()),
         }
     }
 }
