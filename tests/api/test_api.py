@@ -202,12 +202,13 @@ def test_api_key_required_when_set(fixtures_dir):
         with urllib.request.urlopen(s.url + "/health?token=sekrit") as r:
             assert r.status == 200
         client = s.client(api_key="sekrit")
+        model = client.models.list().data[0].id
         client.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=3, temperature=0,
+            model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=3, temperature=0,
             extra_body={"ignore_eos": True},
         )
         stream = client.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0,
+            model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0,
             stream=True, extra_body={"ignore_eos": True},
         )
         assert len([c for c in stream if c.choices and c.choices[0].delta.content is not None]) >= 1
