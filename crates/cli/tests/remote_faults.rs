@@ -221,7 +221,7 @@ fn a_served_file_that_differs_from_its_promise_is_caught() {
     let cache = server.root.join("cache");
     let c = cache.to_str().unwrap();
     let out = strata(
-        &["pull", "hf://test/m", "--cache-dir", c],
+        &["pull", "hf://test/m", "--experts", "none", "--cache-dir", c],
         &server.endpoint(),
         &[],
     );

@@ -12,4 +12,4 @@ mod mirror;
 pub use http::{parse_content_range, FetchError, Http, RetryPolicy};
 pub use journal::{decode_records, Journal, Run};
 pub use location::{default_cache_dir, Location, RemoteOptions};
-pub use mirror::{open_location, Mirror, ABSENT_FILE, META_SUFFIX, RUNS_SUFFIX, SMALL_FILES};
+pub use mirror::{open_location, Mirror, ABSENT_FILE, META_SUFFIX, RUNS_SUFFIX, SMALL_FILES, USED_FILE};

@@ -140,7 +140,8 @@ impl Location {
         }
     }
 
-    fn model_root(&self, options: &RemoteOptions) -> PathBuf {
+    /// The folder of this model's cached revisions.
+    pub fn model_root(&self, options: &RemoteOptions) -> PathBuf {
         let name = match self {
             Location::Hf { repo, .. } => format!("hf--{}", slug(&repo.replace('/', "--"))),
             Location::Url(u) => {

@@ -35,6 +35,8 @@ pub const RUNS_SUFFIX: &str = ".strata-runs";
 pub const META_SUFFIX: &str = ".strata-meta.json";
 /// Small files a server said it does not have (so offline runs know too).
 pub const ABSENT_FILE: &str = ".strata-absent.json";
+/// Rewritten whenever the revision is opened: its time is the revision's last use.
+pub const USED_FILE: &str = ".strata-used";
 
 struct ShardState {
     data: File,
@@ -167,6 +169,8 @@ impl Mirror {
         };
         mirror.fetch_small_files(location, options)?;
         mirror.open_shards(location, options)?;
+        // When it was last used (`strata cache gc` removes the least recently used first).
+        let _ = std::fs::write(mirror.dir.join(USED_FILE), b"");
         Ok(mirror)
     }
 

@@ -77,6 +77,10 @@ enum Command {
     Pull(pull::PullArgs),
     /// See, check and trim the cache of remote models.
     Cache(cache::CacheArgs),
+    /// List the cached models (revision, bytes present, last use).
+    Ls(cache::LsArgs),
+    /// Remove a cached model: every revision, or one (`@REV` or --revision).
+    Rm(cache::RmArgs),
     /// Serve the OpenAI-compatible HTTP API (chat and text completions, streaming, tools).
     Serve(serve::ServeArgs),
     /// Measure decode speed against the disk's direct-read bandwidth and the I/O + compute bound.
@@ -531,5 +535,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Command::Serve(a) => serve::serve(a),
         Command::Pull(a) => pull::pull(a),
         Command::Cache(a) => cache::cache(a),
+        Command::Ls(a) => cache::ls(a),
+        Command::Rm(a) => cache::rm(a),
     }
 }
