@@ -18,7 +18,7 @@ fn strata(args: &[&str], endpoint: &str) -> Output {
         .env("HF_ENDPOINT", endpoint)
         .env_remove("HF_TOKEN")
         .env_remove("HF_HUB_OFFLINE")
-        .env("HF_HOME", std::env::temp_dir().join("strata-test-no-hf-home"))
+        .env("HF_HOME", common::hf_home_for(args))
         .output()
         .expect("spawn strata")
 }

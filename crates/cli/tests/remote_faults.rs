@@ -25,7 +25,7 @@ fn strata(args: &[&str], endpoint: &str, env: &[(&str, &str)]) -> Output {
         .env("HF_ENDPOINT", endpoint)
         .env_remove("HF_TOKEN")
         .env_remove("HF_HUB_OFFLINE")
-        .env("HF_HOME", std::env::temp_dir().join("strata-test-no-hf-home"))
+        .env("HF_HOME", common::hf_home_for(args))
         .env("STRATA_HTTP_BACKOFF_MS", "20")
         .env("STRATA_HTTP_TIMEOUT_S", "2");
     for (k, v) in env {
@@ -140,7 +140,7 @@ fn pull_killed_at_random_moments_leaves_a_cache_that_verifies() {
         let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
             .args(["pull", "hf://test/m", "--experts", "all", "--cache-dir", &cache_s])
             .env("HF_ENDPOINT", proxy.endpoint())
-            .env("HF_HOME", std::env::temp_dir().join("strata-test-no-hf-home"))
+            .env("HF_HOME", common::hf_home_for(&["--cache-dir", &cache_s]))
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -351,7 +351,7 @@ fn a_full_cache_disk_is_a_clear_error_and_trusts_nothing_wrong() {
     let out = Command::new("unshare")
         .args(["-rm", "sh", "-c", &script])
         .env("HF_ENDPOINT", server.endpoint())
-        .env("HF_HOME", std::env::temp_dir().join("strata-test-no-hf-home"))
+        .env("HF_HOME", common::hf_home_for(&["--cache-dir", c]))
         .env("STRATA_HTTP_BACKOFF_MS", "20")
         .output()
         .expect("unshare (util-linux)");

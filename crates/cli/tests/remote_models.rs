@@ -17,7 +17,7 @@ fn strata(args: &[&str], endpoint: &str, extra_env: &[(&str, &str)]) -> (bool, V
         .env("HF_ENDPOINT", endpoint)
         .env_remove("HF_TOKEN")
         .env_remove("HF_HUB_OFFLINE")
-        .env("HF_HOME", std::env::temp_dir().join("strata-test-no-hf-home"))
+        .env("HF_HOME", common::hf_home_for(args))
         .env("STRATA_HTTP_BACKOFF_MS", "20");
     for (k, v) in extra_env {
         cmd.env(k, v);

@@ -4,6 +4,7 @@
 //! into a crash-safe local cache that later runs (and `--offline`) read like a local folder.
 
 mod http;
+pub mod hub;
 mod journal;
 mod location;
 pub mod maintain;

@@ -58,29 +58,6 @@ fn hf_endpoint() -> String {
         .to_string()
 }
 
-fn hf_home() -> PathBuf {
-    std::env::var_os("HF_HOME").map(PathBuf::from).unwrap_or_else(|| {
-        std::env::var_os("HOME")
-            .map(PathBuf::from)
-            .unwrap_or_else(std::env::temp_dir)
-            .join(".cache")
-            .join("huggingface")
-    })
-}
-
-/// `HF_TOKEN`, else the token file under `HF_HOME`.
-fn hf_token() -> Option<String> {
-    if let Ok(t) = std::env::var("HF_TOKEN") {
-        if !t.trim().is_empty() {
-            return Some(t.trim().to_string());
-        }
-    }
-    std::fs::read_to_string(hf_home().join("token"))
-        .ok()
-        .map(|t| t.trim().to_string())
-        .filter(|t| !t.is_empty())
-}
-
 /// A name safe as one path component.
 fn slug(s: &str) -> String {
     s.chars()
@@ -134,7 +111,7 @@ impl Location {
                 let host = reqwest::Url::parse(&hf_endpoint())
                     .ok()
                     .and_then(|u| u.host_str().map(str::to_string));
-                (hf_token(), host)
+                (crate::hub::token(), host)
             }
             _ => (None, None),
         }
@@ -181,12 +158,16 @@ impl Location {
                     crate::mirror::write_atomic(&refs, commit.as_bytes())?;
                     commit
                 } else {
+                    // Offline: as strata resolved it last, else as the hub cache's refs say.
                     std::fs::read_to_string(&refs)
                         .map(|c| c.trim().to_string())
-                        .map_err(|_| {
+                        .ok()
+                        .or_else(|| crate::hub::HubRepo::of(repo).read_ref(revision))
+                        .ok_or_else(|| {
                             format!(
-                                "offline, and hf://{repo}@{revision} was never resolved here (no {})",
-                                refs.display()
+                                "offline, and hf://{repo}@{revision} was never resolved here (no {}, nor refs/{revision} in the Hugging Face cache {})",
+                                refs.display(),
+                                crate::hub::hub_dir().display()
                             )
                         })?
                 };
@@ -205,15 +186,7 @@ impl Location {
             return None;
         };
         let commit = mirror_dir.file_name()?.to_str()?;
-        let hub = std::env::var_os("HF_HUB_CACHE")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| hf_home().join("hub"));
-        let path = hub
-            .join(format!("models--{}", repo.replace('/', "--")))
-            .join("snapshots")
-            .join(commit)
-            .join(name);
-        path.is_file().then_some(path)
+        crate::hub::HubRepo::of(repo).file(commit, name)
     }
 }
 

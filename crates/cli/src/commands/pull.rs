@@ -228,6 +228,29 @@ pub fn pull(args: PullArgs) -> Result<()> {
             );
         }
     }
+    let full = super::hub_shorthand(&spec).unwrap_or_else(|| spec.clone());
+    if let strata_remote::Location::Hf { repo, revision } = strata_remote::Location::parse(&full) {
+        // What was fetched whole, for huggingface_hub, transformers and vLLM too.
+        let shared = strata_remote::hub::share(&repo, &revision, &dir).map_err(anyhow::Error::msg)?;
+        let hub = strata_remote::hub::hub_dir();
+        if shared.other_fs {
+            eprintln!(
+                "[strata] the Hugging Face cache {} is on another file system: not shared (a copy would double the disk used)",
+                hub.display()
+            );
+        } else if shared.files > 0 {
+            eprintln!(
+                "[strata] {} complete files shared with the Hugging Face cache {}{}",
+                shared.files,
+                hub.display(),
+                if shared.partial > 0 {
+                    format!(" ({} partial shards not yet)", shared.partial)
+                } else {
+                    String::new()
+                }
+            );
+        }
+    }
     if let Some(local) = &args.local_dir {
         let shards: Vec<String> = chosen.iter().map(|&s| shard_name(s)).collect();
         let n = place_files(&dir, local, &shards)?;

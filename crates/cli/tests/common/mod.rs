@@ -26,6 +26,16 @@ pub fn strata_json(args: &[&str]) -> serde_json::Value {
     serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("strata {args:?}: {e}: {stdout}"))
 }
 
+/// An `HF_HOME` of a test's own: beside its `--cache-dir` when `args` give one (a pull shares
+/// what it fetched with the Hugging Face cache there, so tests must not share one), else one
+/// per process.
+pub fn hf_home_for(args: &[&str]) -> std::path::PathBuf {
+    match args.iter().position(|a| *a == "--cache-dir") {
+        Some(i) if i + 1 < args.len() => std::path::PathBuf::from(format!("{}-hf-home", args[i + 1])),
+        _ => std::env::temp_dir().join(format!("strata-test-hf-home-{}", std::process::id())),
+    }
+}
+
 /// `1,2,3`: ids as the binary's `--ids` takes them.
 pub fn csv(ids: &[u32]) -> String {
     ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",")
