@@ -98,7 +98,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     strata_server::serve_blocking(Arc::new(engine), options)
 }
 
-/// An IP address, or the first address a host name resolves to (`localhost`).
+/// An IP address, or the address a host name resolves to (`localhost`), IPv4 where it has one.
 fn parse_host(text: &str) -> Result<IpAddr, String> {
     if let Ok(ip) = text.parse() {
         return Ok(ip);
@@ -107,9 +107,12 @@ fn parse_host(text: &str) -> Result<IpAddr, String> {
     let mut addrs = (text, 0).to_socket_addrs().map_err(|e| {
         format!("`{text}` is neither an IP address nor a host name this machine resolves: {e}")
     })?;
-    addrs
-        .next()
-        .map(|a| a.ip())
+    // An IPv4 address where the name has one (what `localhost` means to most clients).
+    let all: Vec<IpAddr> = addrs.by_ref().map(|a| a.ip()).collect();
+    all.iter()
+        .find(|ip| ip.is_ipv4())
+        .or(all.first())
+        .copied()
         .ok_or_else(|| format!("`{text}` resolves to no address"))
 }
 
@@ -119,7 +122,8 @@ mod tests {
     fn hosts_are_addresses_or_names() {
         assert_eq!(super::parse_host("127.0.0.1"), Ok([127, 0, 0, 1].into()));
         assert_eq!(super::parse_host("::1"), Ok(std::net::Ipv6Addr::LOCALHOST.into()));
-        assert!(super::parse_host("localhost").unwrap().is_loopback());
+        let local = super::parse_host("localhost").unwrap();
+        assert!(local.is_loopback() && local.is_ipv4(), "{local}");
         let err = super::parse_host("no such host.invalid").unwrap_err();
         assert!(err.contains("no such host.invalid"), "{err}");
     }
