@@ -94,6 +94,8 @@ pub struct Batch<'e> {
     /// Ids whose state is kept when they leave, and the states kept (see [`Batch::add_resumed`]).
     keep: Vec<u64>,
     kept: Vec<SeqState>,
+    /// Told (id, prompt tokens in, of all) after each step that leaves part of a prompt to feed.
+    prefill_progress: Option<Box<dyn FnMut(u64, usize, usize) + 'e>>,
 }
 
 /// What one sequence feeds in a step.
@@ -120,7 +122,14 @@ impl<'e> Batch<'e> {
             held: Vec::new(),
             keep: Vec::new(),
             kept: Vec::new(),
+            prefill_progress: None,
         }
+    }
+
+    /// `f(id, done, total)` after each step that leaves part of a sequence's prompt to feed
+    /// (a long prompt's progress).
+    pub fn on_prefill(&mut self, f: impl FnMut(u64, usize, usize) + 'e) {
+        self.prefill_progress = Some(Box::new(f));
     }
 
     pub fn len(&self) -> usize {
@@ -266,6 +275,10 @@ impl<'e> Batch<'e> {
         };
         s.pending.drain(..feed.tokens);
         if !s.pending.is_empty() {
+            if let Some(progress) = &mut self.prefill_progress {
+                let total = s.request.prompt.len();
+                progress(s.id, total - s.pending.len(), total);
+            }
             return false; // more of the prompt to come
         }
         let id = s.id;

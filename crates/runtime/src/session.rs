@@ -67,16 +67,19 @@ impl Engine {
     /// Generates `request` in `session`: the cached prefix of its prompt is reused, the rest fed,
     /// and what the sequence leaves in its cache (prompt and answer) kept for the next turn.
     /// `on_event` streams the tokens; returning false stops the answer there (kept as far as
-    /// it went). A failure is returned, and the session starts empty next time.
+    /// it went); `on_prefill(done, total)` follows a prompt fed over several steps. A failure
+    /// is returned, and the session starts empty next time.
     pub fn generate_in(
         &self,
         session: &mut Session,
         request: &Request,
         mut on_event: impl FnMut(GenEvent<'_>) -> bool,
+        mut on_prefill: impl FnMut(usize, usize),
     ) -> Result<Turn, EngineError> {
         self.check(request)?;
         let (cache, reused) = session.resume_for(self, &request.prompt);
         let mut batch = Batch::new(self);
+        batch.on_prefill(move |_, done, total| on_prefill(done, total));
         batch.add_resumed(0, request.clone(), RequestExtras::default(), cache, reused)?;
         let mut generated = Vec::new();
         let (mut finish, mut failed) = (None, None);

@@ -46,7 +46,7 @@ fn a_turn_feeds_only_its_new_tokens_and_answers_as_from_scratch() {
         let mut session = Session::new();
         let n = 6;
         let t1 = engine
-            .generate_in(&mut session, &greedy(first.clone(), n), |_| true)
+            .generate_in(&mut session, &greedy(first.clone(), n), |_| true, |_, _| {})
             .unwrap();
         assert_eq!((t1.reused, t1.fed), (0, first.len()), "{name}");
         assert_eq!(t1.generated, scratch(&engine, first, n), "{name}: first turn");
@@ -55,7 +55,7 @@ fn a_turn_feeds_only_its_new_tokens_and_answers_as_from_scratch() {
 
         let second: Vec<u32> = first.iter().chain(&t1.generated).chain(extra).copied().collect();
         let t2 = engine
-            .generate_in(&mut session, &greedy(second.clone(), n), |_| true)
+            .generate_in(&mut session, &greedy(second.clone(), n), |_| true, |_, _| {})
             .unwrap();
         assert_eq!(t2.reused, first.len() + n - 1, "{name}");
         assert_eq!(t2.fed, second.len() - t2.reused, "{name}");
@@ -70,13 +70,13 @@ fn a_prompt_that_leaves_the_cache_rewinds_it_or_starts_over() {
         let ps = prompts(name);
         let mut session = Session::new();
         engine
-            .generate_in(&mut session, &greedy(ps[0].clone(), 4), |_| true)
+            .generate_in(&mut session, &greedy(ps[0].clone(), 4), |_| true, |_, _| {})
             .unwrap();
         // The same first half, then something else.
         let half = ps[0].len() / 2;
         let other: Vec<u32> = ps[0][..half].iter().chain(&ps[1]).copied().collect();
         let t = engine
-            .generate_in(&mut session, &greedy(other.clone(), 5), |_| true)
+            .generate_in(&mut session, &greedy(other.clone(), 5), |_| true, |_, _| {})
             .unwrap();
         let want_reused = if recurrent { 0 } else { half };
         assert_eq!(t.reused, want_reused, "{name}");
@@ -84,7 +84,7 @@ fn a_prompt_that_leaves_the_cache_rewinds_it_or_starts_over() {
         // The whole prompt again: all but its last token reused (the cache holds the answer
         // too: a recurrent state cannot drop it, so starts over), the same answer.
         let again = engine
-            .generate_in(&mut session, &greedy(other.clone(), 5), |_| true)
+            .generate_in(&mut session, &greedy(other.clone(), 5), |_| true, |_, _| {})
             .unwrap();
         let want_reused = if recurrent { 0 } else { other.len() - 1 };
         assert_eq!(again.reused, want_reused, "{name}");
@@ -99,12 +99,17 @@ fn a_stopped_answer_is_kept_as_far_as_it_went() {
     let mut session = Session::new();
     let mut seen = 0;
     let t = engine
-        .generate_in(&mut session, &greedy(ps[0].clone(), 50), |e| {
-            if let GenEvent::Token { .. } = e {
-                seen += 1;
-            }
-            seen < 3
-        })
+        .generate_in(
+            &mut session,
+            &greedy(ps[0].clone(), 50),
+            |e| {
+                if let GenEvent::Token { .. } = e {
+                    seen += 1;
+                }
+                seen < 3
+            },
+            |_, _| {},
+        )
         .unwrap();
     assert_eq!(t.finish, None);
     assert_eq!(t.generated.len(), 3);
@@ -113,14 +118,39 @@ fn a_stopped_answer_is_kept_as_far_as_it_went() {
     // The next turn goes on from there.
     let next: Vec<u32> = ps[0].iter().chain(&t.generated).chain(&ps[1]).copied().collect();
     let t2 = engine
-        .generate_in(&mut session, &greedy(next.clone(), 4), |_| true)
+        .generate_in(&mut session, &greedy(next.clone(), 4), |_| true, |_, _| {})
         .unwrap();
     assert_eq!(t2.reused, ps[0].len() + 2);
     assert_eq!(t2.generated, scratch(&engine, &next, 4));
     // reset: nothing reused.
     session.reset();
     let t3 = engine
-        .generate_in(&mut session, &greedy(next.clone(), 4), |_| true)
+        .generate_in(&mut session, &greedy(next.clone(), 4), |_| true, |_, _| {})
         .unwrap();
     assert_eq!((t3.reused, t3.generated), (0, t2.generated));
+}
+
+#[test]
+fn a_prompt_fed_over_several_steps_tells_its_progress() {
+    let options = LoadOptions {
+        prefill_chunk: Some(4),
+        ..Default::default()
+    };
+    let engine = Engine::load(&fixture("qwen3-moe-tiny"), &options).unwrap();
+    let ps = prompts("qwen3-moe-tiny");
+    let long = ps.iter().max_by_key(|p| p.len()).unwrap();
+    let mut told = Vec::new();
+    let mut session = Session::new();
+    let t = engine
+        .generate_in(
+            &mut session,
+            &greedy(long.clone(), 2),
+            |_| true,
+            |done, total| told.push((done, total)),
+        )
+        .unwrap();
+    // Every step but the last: 4 more tokens in.
+    let want: Vec<(usize, usize)> = (1..long.len().div_ceil(4)).map(|k| (4 * k, long.len())).collect();
+    assert_eq!(told, want);
+    assert_eq!(t.generated, scratch(&engine, long, 2));
 }

@@ -43,3 +43,28 @@ impl strata_runtime::LoadProgress for Bars {
         }
     }
 }
+
+/// A long prompt's progress (shown once it takes more than one step), cleared when the answer
+/// begins.
+#[derive(Default)]
+pub struct PromptBar(Option<ProgressBar>);
+
+impl PromptBar {
+    pub fn update(&mut self, done: usize, total: usize) {
+        let bar = self.0.get_or_insert_with(|| {
+            let bar = ProgressBar::new(total as u64);
+            bar.set_style(
+                ProgressStyle::with_template("prompt {bar:30} {pos}/{len} tokens {per_sec} ETA {eta}")
+                    .expect("progress template"),
+            );
+            bar
+        });
+        bar.set_position(done as u64);
+    }
+
+    pub fn finish(&mut self) {
+        if let Some(bar) = self.0.take() {
+            bar.finish_and_clear();
+        }
+    }
+}

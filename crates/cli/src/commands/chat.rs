@@ -289,16 +289,26 @@ fn answer(engine: &Engine, session: &mut Session, request: &Request) -> Result<S
     let mut first = None;
     STOP.store(false, Ordering::SeqCst);
     ANSWERING.store(true, Ordering::SeqCst);
-    let turn = engine.generate_in(session, request, |event| {
-        if let GenEvent::Token { text: delta, .. } = event {
-            first.get_or_insert_with(Instant::now);
-            text.push_str(delta);
-            let mut out = stdout.lock();
-            let _ = out.write_all(delta.as_bytes());
-            let _ = out.flush();
-        }
-        !STOP.load(Ordering::SeqCst)
-    });
+    let bar = std::cell::RefCell::new(super::bars::PromptBar::default());
+    let turn = engine.generate_in(
+        session,
+        request,
+        |event| {
+            if let GenEvent::Token { text: delta, .. } = event {
+                if first.is_none() {
+                    bar.borrow_mut().finish();
+                    first = Some(Instant::now());
+                }
+                text.push_str(delta);
+                let mut out = stdout.lock();
+                let _ = out.write_all(delta.as_bytes());
+                let _ = out.flush();
+            }
+            !STOP.load(Ordering::SeqCst)
+        },
+        |done, total| bar.borrow_mut().update(done, total),
+    );
+    bar.borrow_mut().finish();
     ANSWERING.store(false, Ordering::SeqCst);
     let turn = turn?;
     println!();

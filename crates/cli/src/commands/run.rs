@@ -230,13 +230,19 @@ pub fn run(args: RunArgs) -> Result<()> {
 
     let stdout = std::io::stdout();
     let mut text = String::new();
-    let mut reason = None;
     let mut first_token = None;
     let t_gen = Instant::now();
-    let ids = engine
-        .generate(std::slice::from_ref(&request), |_, event| match event {
-            GenEvent::Token { text: delta, .. } => {
-                first_token.get_or_insert_with(Instant::now);
+    // A long prompt shows its progress until the first token.
+    let bar = std::cell::RefCell::new(super::bars::PromptBar::default());
+    let turn = engine.generate_in(
+        &mut strata_runtime::Session::new(),
+        &request,
+        |event| {
+            if let GenEvent::Token { text: delta, .. } = event {
+                if first_token.is_none() {
+                    bar.borrow_mut().finish();
+                    first_token = Some(Instant::now());
+                }
                 text.push_str(delta);
                 if args.output == Output::Text {
                     let mut out = stdout.lock();
@@ -244,11 +250,13 @@ pub fn run(args: RunArgs) -> Result<()> {
                     let _ = out.flush();
                 }
             }
-            GenEvent::Done { reason: r } => reason = Some(r),
-            // `generate` returns a failure as its error.
-            GenEvent::Failed { .. } => {}
-        })?
-        .remove(0);
+            true
+        },
+        |done, total| bar.borrow_mut().update(done, total),
+    );
+    bar.borrow_mut().finish();
+    let turn = turn?;
+    let (ids, reason) = (turn.generated, turn.finish);
     let total_s = t_gen.elapsed().as_secs_f64();
     match args.output {
         Output::Text => println!(),
