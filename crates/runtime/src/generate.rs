@@ -95,8 +95,11 @@ pub struct Batch<'e> {
     keep: Vec<u64>,
     kept: Vec<SeqState>,
     /// Told (id, prompt tokens in, of all) after each step that leaves part of a prompt to feed.
-    prefill_progress: Option<Box<dyn FnMut(u64, usize, usize) + 'e>>,
+    prefill_progress: Option<PrefillProgress<'e>>,
 }
+
+/// `f(id, prompt tokens in, of all)`.
+type PrefillProgress<'e> = Box<dyn FnMut(u64, usize, usize) + 'e>;
 
 /// What one sequence feeds in a step.
 struct Feed {
