@@ -137,6 +137,7 @@ fn a_panic_in_the_model_ends_the_step_with_an_error() {
     let err = batch.step(&mut |_, _| true).unwrap_err();
     assert!(matches!(err, EngineError::ModelPanicked(_)), "{err}");
     assert!(batch.is_empty());
+    drop(batch);
     // The engine itself still answers (the caller decides whether to go on).
     engine.faults.panic_on_token = None;
     assert_eq!(
