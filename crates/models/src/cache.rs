@@ -73,6 +73,14 @@ impl KvCache {
             .sum()
     }
 
+    /// Gives back memory reserved beyond the positions held.
+    pub fn shrink_to_fit(&mut self) {
+        for l in &mut self.layers {
+            l.k.shrink_to_fit();
+            l.v.shrink_to_fit();
+        }
+    }
+
     /// Whether some layer keeps a recurrent state (which [`KvCache::truncate`] cannot rewind).
     pub fn has_recurrent(&self) -> bool {
         self.layers

@@ -100,6 +100,8 @@ pub struct LoadOptions {
     pub prefill_chunk: Option<usize>,
     /// Told the progress of the load's long stages (progress bars).
     pub progress: Option<crate::Progress>,
+    /// Memory for the server's prefix cache (`--prefix-cache`).
+    pub prefix_cache: crate::PrefixCacheSize,
 }
 
 /// Parses a size such as `512M`, `8G`, `1.5GiB`, `30K` or `123456` (bytes); binary units.

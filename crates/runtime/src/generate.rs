@@ -96,6 +96,10 @@ pub struct Batch<'e> {
     kept: Vec<SeqState>,
     /// Told (id, prompt tokens in, of all) after each step that leaves part of a prompt to feed.
     prefill_progress: Option<PrefillProgress<'e>>,
+    /// Whether a recurrent state is copied when its prompt is all in (for a prefix cache: such a
+    /// state cannot be cut back to its prompt later), and the copies not yet taken.
+    snapshot_prompts: bool,
+    snapshots: Vec<(Vec<u32>, strata_models::KvCache)>,
 }
 
 /// `f(id, prompt tokens in, of all)`.
@@ -126,7 +130,19 @@ impl<'e> Batch<'e> {
             keep: Vec::new(),
             kept: Vec::new(),
             prefill_progress: None,
+            snapshot_prompts: false,
+            snapshots: Vec::new(),
         }
+    }
+
+    /// Copy each recurrent state when its prompt is all in ([`Batch::take_snapshots`]).
+    pub fn snapshot_prompts(&mut self, on: bool) {
+        self.snapshot_prompts = on;
+    }
+
+    /// The (prompt, state) copies made since the last call.
+    pub fn take_snapshots(&mut self) -> Vec<(Vec<u32>, strata_models::KvCache)> {
+        std::mem::take(&mut self.snapshots)
     }
 
     /// `f(id, done, total)` after each step that leaves part of a sequence's prompt to feed
@@ -283,6 +299,9 @@ impl<'e> Batch<'e> {
                 progress(s.id, total - s.pending.len(), total);
             }
             return false; // more of the prompt to come
+        }
+        if self.snapshot_prompts && s.generated.is_empty() && s.cache.has_recurrent() {
+            self.snapshots.push((s.request.prompt.clone(), s.cache.clone()));
         }
         let id = s.id;
         match catch_unwind(AssertUnwindSafe(|| s.advance(engine, logits, on_event))) {

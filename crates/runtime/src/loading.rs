@@ -75,7 +75,7 @@ pub(crate) fn stage<R>(
 /// The plan in one line.
 pub(crate) fn plan_line(m: &MemoryPlan) -> String {
     format!(
-        "memory plan: --mem {} = non-expert weights {} resident ({} layers streamed, {} per token) + decoding state {} ({} positions per sequence) + read buffers {} + working memory {} + expert cache {} ({:.0} % of the experts' {}); a token is expected to read {}",
+        "memory plan: --mem {} = non-expert weights {} resident ({} layers streamed, {} per token) + decoding state {} ({} positions per sequence) + read buffers {} + working memory {} + prefix cache {} + expert cache {} ({:.0} % of the experts' {}); a token is expected to read {}",
         size(m.mem as u64),
         size(m.resident as u64),
         m.streamed.len(),
@@ -84,6 +84,7 @@ pub(crate) fn plan_line(m: &MemoryPlan) -> String {
         m.ctx_size,
         size((m.buffers + m.spine_buffers) as u64),
         size(m.work as u64),
+        size(m.prefix_cache as u64),
         size(m.expert_cache as u64),
         100.0 * (m.expert_cache as f64 / m.expert_bytes.max(1) as f64).min(1.0),
         size(m.expert_bytes),

@@ -118,6 +118,8 @@ pub struct MemoryPlan {
     pub int8_alternative: Option<u64>,
     /// Bytes of all the routed experts (what the cache would need to hold every one).
     pub expert_bytes: u64,
+    /// The server's prefix cache (decoding state kept for later requests).
+    pub prefix_cache: usize,
 }
 
 impl MemoryPlan {
@@ -135,7 +137,12 @@ impl MemoryPlan {
 
     /// Everything but the expert cache.
     fn fixed(&self) -> usize {
-        self.resident + self.state_reserve() + self.buffers + self.work + self.spine_buffers
+        self.resident
+            + self.state_reserve()
+            + self.buffers
+            + self.work
+            + self.spine_buffers
+            + self.prefix_cache
     }
 
     /// Default budget: 90 % of the memory available now.
@@ -214,6 +221,11 @@ impl MemoryPlan {
             spine_format: options.spine_format,
             int8_alternative: None,
             expert_bytes: plan.expert_bytes,
+            prefix_cache: match options.prefix_cache {
+                crate::PrefixCacheSize::Off => 0,
+                crate::PrefixCacheSize::Auto => (plan.state_bytes_per_token * state_tokens).min(mem / 16),
+                crate::PrefixCacheSize::Bytes(n) => n,
+            },
         };
         let stream = |p: &mut MemoryPlan, k: usize, ahead: usize| {
             p.streamed = spread(&layers, k);

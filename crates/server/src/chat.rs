@@ -166,7 +166,8 @@ async fn chat(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> ApiR
     if plan.stream {
         return Ok(stream_chat(state.clone(), plan, rx));
     }
-    let choices = stream::collect(rx, plan.n).await?;
+    let mut rx = rx;
+    let choices = stream::collect(&mut rx, plan.n).await?;
     let id = stream::request_id("chatcmpl");
     let mut completion_tokens = 0;
     let mut out = Vec::with_capacity(choices.len());
@@ -216,7 +217,7 @@ async fn chat(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> ApiR
         "created": crate::now(),
         "model": state.options.served_model_name,
         "choices": out,
-        "usage": usage(plan.prompt_len, completion_tokens),
+        "usage": usage(plan.prompt_len, completion_tokens, rx.cached()),
         "system_fingerprint": null,
     }))
     .into_response())
@@ -343,7 +344,7 @@ fn stream_chat(state: Arc<AppState>, plan: Plan, mut rx: crate::scheduler::Event
             let last = json!({
                 "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
                 "system_fingerprint": null, "choices": [],
-                "usage": usage(plan.prompt_len, completion_tokens),
+                "usage": usage(plan.prompt_len, completion_tokens, rx.cached()),
             });
             if !sink.json(&last).await {
                 return;

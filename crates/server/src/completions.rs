@@ -254,7 +254,7 @@ async fn complete(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> 
                 let last = json!({
                     "id": id, "object": "text_completion", "created": created, "model": model,
                     "system_fingerprint": null, "choices": [],
-                    "usage": usage(prompt_tokens, completion_tokens),
+                    "usage": usage(prompt_tokens, completion_tokens, rx.cached()),
                 });
                 if !sink.json(&last).await {
                     return;
@@ -263,7 +263,8 @@ async fn complete(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> 
             sink.done().await;
         }));
     }
-    let choices = stream::collect(rx, n).await?;
+    let mut rx = rx;
+    let choices = stream::collect(&mut rx, n).await?;
     let completion_tokens: usize = choices.iter().map(|c| c.ids.len()).sum();
     let out: Vec<Value> = choices
         .iter()
@@ -284,7 +285,7 @@ async fn complete(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> 
         "created": created,
         "model": model,
         "choices": out,
-        "usage": usage(prompt_tokens, completion_tokens),
+        "usage": usage(prompt_tokens, completion_tokens, rx.cached()),
         "system_fingerprint": null,
     }))
     .into_response())

@@ -19,6 +19,11 @@ pub struct Metrics {
     pub running: AtomicU64,
     /// Decoding-state positions the running sequences hold.
     pub reserved_positions: AtomicU64,
+    /// Sequences that began from the prefix cache, and the prompt tokens it gave them.
+    pub prefix_hits: AtomicU64,
+    pub prefix_tokens: AtomicU64,
+    /// Bytes the prefix cache holds.
+    pub prefix_bytes: AtomicU64,
     /// (sum seconds, count) of time to first token.
     ttft: Mutex<(f64, u64)>,
     /// (busy seconds, tokens) of decode steps.
@@ -62,7 +67,7 @@ impl Metrics {
         metric(
             "prompt_tokens_total",
             "counter",
-            "Prompt tokens processed.",
+            "Prompt tokens of the requests (strata_prefix_cache_tokens_total of them came from the prefix cache).",
             get(&self.prompt_tokens),
         );
         metric(
@@ -100,6 +105,24 @@ impl Metrics {
             "gauge",
             "Decoding-state positions the running sequences hold (prompt + max_tokens each).",
             get(&self.reserved_positions),
+        );
+        metric(
+            "prefix_cache_hits_total",
+            "counter",
+            "Sequences that began from the prefix cache (a cached prefix of their prompt).",
+            get(&self.prefix_hits),
+        );
+        metric(
+            "prefix_cache_tokens_total",
+            "counter",
+            "Prompt tokens taken from the prefix cache instead of processed.",
+            get(&self.prefix_tokens),
+        );
+        metric(
+            "prefix_cache_bytes",
+            "gauge",
+            "Bytes of decoding state the prefix cache holds (--prefix-cache bounds it).",
+            get(&self.prefix_bytes),
         );
         metric(
             "state_positions_total",

@@ -40,6 +40,8 @@ pub enum Event {
 pub struct EventTx {
     tx: mpsc::UnboundedSender<(usize, Event)>,
     unread: Arc<AtomicUsize>,
+    /// Prompt tokens the prefix cache gave the request (the most of its choices).
+    cached: Arc<AtomicUsize>,
 }
 
 /// The server's end of a request's events.
@@ -48,6 +50,7 @@ pub struct EventRx {
     unread: Arc<AtomicUsize>,
     /// The access log's record of the request, counting its tokens as they are taken.
     usage: Option<Arc<crate::access::Usage>>,
+    cached: Arc<AtomicUsize>,
 }
 
 /// Events a request's consumer may leave untaken before its sequences are held back.
@@ -57,15 +60,18 @@ pub const MAX_UNREAD: usize = 512;
 pub fn events() -> (EventTx, EventRx) {
     let (tx, rx) = mpsc::unbounded_channel();
     let unread = Arc::new(AtomicUsize::new(0));
+    let cached = Arc::new(AtomicUsize::new(0));
     (
         EventTx {
             tx,
             unread: unread.clone(),
+            cached: cached.clone(),
         },
         EventRx {
             rx,
             unread,
             usage: crate::access::current(),
+            cached,
         },
     )
 }
@@ -81,6 +87,11 @@ impl EventTx {
         self.tx.is_closed()
     }
 
+    /// A choice began with `n` prompt tokens from the prefix cache (told before its tokens).
+    pub fn cached(&self, n: usize) {
+        self.cached.fetch_max(n, Ordering::Relaxed);
+    }
+
     /// Whether the consumer is behind by more than [`MAX_UNREAD`] events.
     fn behind(&self) -> bool {
         self.unread.load(Ordering::Relaxed) > MAX_UNREAD
@@ -88,6 +99,11 @@ impl EventTx {
 }
 
 impl EventRx {
+    /// Prompt tokens the prefix cache gave the request.
+    pub fn cached(&self) -> usize {
+        self.cached.load(Ordering::Relaxed)
+    }
+
     pub async fn recv(&mut self) -> Option<(usize, Event)> {
         let event = self.rx.recv().await;
         if let Some((_, e)) = &event {
@@ -176,9 +192,12 @@ impl Scheduler {
                     tx: health_tx,
                     reason: None,
                 };
+                let mut batch = Batch::new(&engine);
+                batch.snapshot_prompts(true);
                 let mut engine_thread = EngineThread {
                     engine: &engine,
-                    batch: Batch::new(&engine),
+                    batch,
+                    prefix: strata_runtime::PrefixCache::new(engine.memory.prefix_cache),
                     queue: VecDeque::new(),
                     running: Vec::new(),
                     reserved: 0,
@@ -234,6 +253,8 @@ struct Running {
 struct EngineThread<'e> {
     engine: &'e Engine,
     batch: Batch<'e>,
+    /// Decoding state of earlier requests, by the tokens it holds.
+    prefix: strata_runtime::PrefixCache,
     queue: VecDeque<(Job, Instant)>,
     running: Vec<Running>,
     /// Positions the running sequences hold (at most the pool).
@@ -341,8 +362,17 @@ impl EngineThread<'_> {
                 continue;
             }
             let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-            match self.batch.add(id, job.request, job.extras) {
+            let (cache, reused) =
+                (self.prefix.lookup(&job.request.prompt)).unwrap_or_else(|| (self.engine.new_cache(), 0));
+            match self.batch.add_resumed(id, job.request, job.extras, cache, reused) {
                 Ok(()) => {
+                    if reused > 0 {
+                        self.metrics.prefix_hits.fetch_add(1, Ordering::Relaxed);
+                        self.metrics
+                            .prefix_tokens
+                            .fetch_add(reused as u64, Ordering::Relaxed);
+                    }
+                    job.events.cached(reused);
                     self.reserved += positions;
                     self.running.push(Running {
                         id,
@@ -428,7 +458,17 @@ impl EngineThread<'_> {
         for id in left.into_iter().chain(gone) {
             self.batch.cancel(id);
             self.release(id);
+            // What it leaves in its cache, for requests that begin the same way.
+            if let Some((cache, tokens)) = self.batch.take_kept(id) {
+                self.prefix.insert(tokens, cache);
+            }
         }
+        for (tokens, cache) in self.batch.take_snapshots() {
+            self.prefix.insert(tokens, cache);
+        }
+        self.metrics
+            .prefix_bytes
+            .store(self.prefix.bytes() as u64, Ordering::Relaxed);
         Ok(())
     }
 

@@ -131,7 +131,7 @@ pub fn engine_error(message: String) -> ApiError {
 }
 
 /// Waits for every choice to finish.
-pub async fn collect(mut rx: crate::scheduler::EventRx, n: usize) -> ApiResult<Vec<Choice>> {
+pub async fn collect(rx: &mut crate::scheduler::EventRx, n: usize) -> ApiResult<Vec<Choice>> {
     let mut choices: Vec<Choice> = (0..n).map(|_| Choice::default()).collect();
     let mut done = 0;
     while done < n {
@@ -212,11 +212,13 @@ pub fn token_text(tok: Option<&strata_tokenizer::Tokenizer>, id: u32) -> (String
     (text, bytes)
 }
 
-pub fn usage(prompt: usize, completion: usize) -> Value {
+/// `usage`, with the prompt tokens the prefix cache gave (`cached`).
+pub fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
     serde_json::json!({
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
     })
 }
 

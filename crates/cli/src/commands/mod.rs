@@ -449,6 +449,7 @@ impl MemArgs {
             sequences: 1,
             prefill_chunk: self.prefill_chunk.map(|n| n as usize),
             progress: Some(bars::Bars::progress()),
+            prefix_cache: strata_runtime::PrefixCacheSize::Off,
         }
     }
 }

@@ -58,6 +58,20 @@ pub struct ServeArgs {
     /// (and its generation stopped).
     #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
     stall_timeout: f64,
+    /// Memory for decoding state kept from finished requests, so one that begins the same way
+    /// (the next turn of a chat, a shared system prompt) processes only the rest: a size (e.g.
+    /// 2G, taken from --mem), `auto` (as many positions as the running sequences hold, at most
+    /// 1/16 of --mem) or `off`.
+    #[arg(long, value_name = "SIZE|auto|off", default_value = "auto", value_parser = parse_prefix_cache)]
+    prefix_cache: strata_runtime::PrefixCacheSize,
+}
+
+fn parse_prefix_cache(text: &str) -> Result<strata_runtime::PrefixCacheSize, String> {
+    match text {
+        "auto" => Ok(strata_runtime::PrefixCacheSize::Auto),
+        "off" | "0" => Ok(strata_runtime::PrefixCacheSize::Off),
+        size => strata_runtime::parse_size(size).map(strata_runtime::PrefixCacheSize::Bytes),
+    }
 }
 
 fn seconds(flag: &str, s: f64) -> Result<Duration> {
@@ -76,6 +90,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     };
     let mut load = args.mem.load_options();
     load.sequences = args.max_concurrent.max(1);
+    load.prefix_cache = args.prefix_cache;
     let (engine, dir) = args.model.load(&load)?;
     let name = args.served_model_name.clone().unwrap_or_else(|| {
         dir.canonicalize()
