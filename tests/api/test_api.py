@@ -285,5 +285,7 @@ def test_kimi_k3_chat_through_xtml(fixtures_dir):
             assert "<|open|>" not in text and "<|sep|>" not in text
         # The generation prompt opened a think element: what comes first is reasoning.
         assert getattr(msg, "reasoning_content", None) or msg.content is not None
+        # vLLM's name for it too.
+        assert getattr(msg, "reasoning", None) == getattr(msg, "reasoning_content", None)
     finally:
         s.stop()

@@ -126,3 +126,14 @@ def test_what_huggingface_hub_downloads_strata_runs_offline(hub, tmp_path):
     got = strata("run", "hf://test/m", "--offline", "--cache-dir", str(tmp_path / "empty"), *ids, env=env)
     want = strata("run", str(fixtures() / MODEL), *ids, env=env)
     assert json.loads(got.stdout) == json.loads(want.stdout)
+
+
+def test_a_hub_model_is_served_as_org_name(hub, tmp_path):
+    from conftest import Server
+
+    env = {"HF_ENDPOINT": hub, "HF_HOME": str(tmp_path / "hf"), "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    s = Server("hf://test/m", env=env)
+    try:
+        assert [m.id for m in s.client().models.list().data] == ["test/m"]
+    finally:
+        s.stop()

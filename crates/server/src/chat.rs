@@ -191,6 +191,9 @@ async fn chat(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> ApiR
         }
         let mut message = json!({"role": "assistant", "content": content});
         if !reasoning.is_empty() {
+            // Both names clients read: `reasoning_content` (DeepSeek, OpenRouter) and `reasoning`
+            // (vLLM).
+            message["reasoning"] = Value::String(reasoning.clone());
             message["reasoning_content"] = Value::String(reasoning);
         }
         let finish = if calls.is_empty() {
@@ -218,13 +221,13 @@ async fn chat(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> ApiR
         "model": state.options.served_model_name,
         "choices": out,
         "usage": usage(plan.prompt_len, completion_tokens, rx.cached()),
-        "system_fingerprint": null,
+        "system_fingerprint": crate::FINGERPRINT,
     }))
     .into_response())
 }
 
 fn stream_chat(state: Arc<AppState>, plan: Plan, mut rx: crate::scheduler::EventRx) -> Response {
-    stream::sse(move |sink| async move {
+    stream::sse(state.options.sse_keepalive, move |sink| async move {
         let id = stream::request_id("chatcmpl");
         let created = crate::now();
         let model = state.options.served_model_name.clone();
@@ -232,14 +235,14 @@ fn stream_chat(state: Arc<AppState>, plan: Plan, mut rx: crate::scheduler::Event
         let chunk = |i: usize, delta: Value, logprobs: Value, finish: Value| {
             json!({
                 "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-                "system_fingerprint": null,
+                "system_fingerprint": crate::FINGERPRINT,
                 "choices": [{"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
                 "usage": null,
             })
         };
         let piece_delta = |p: &Piece| match p {
             Piece::Content(s) => json!({"content": s}),
-            Piece::Reasoning(s) => json!({"reasoning_content": s}),
+            Piece::Reasoning(s) => json!({"reasoning_content": s, "reasoning": s}),
         };
         let mut parsers: Vec<OutputParser> = (0..plan.n)
             .map(|_| {
@@ -343,7 +346,7 @@ fn stream_chat(state: Arc<AppState>, plan: Plan, mut rx: crate::scheduler::Event
         if plan.include_usage {
             let last = json!({
                 "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-                "system_fingerprint": null, "choices": [],
+                "system_fingerprint": crate::FINGERPRINT, "choices": [],
                 "usage": usage(plan.prompt_len, completion_tokens, rx.cached()),
             });
             if !sink.json(&last).await {

@@ -196,12 +196,12 @@ async fn complete(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> 
         let want_lp = logprobs.is_some();
         let state = state.clone();
         let mut rx = rx;
-        return Ok(stream::sse(move |sink| async move {
+        return Ok(stream::sse(state.options.sse_keepalive, move |sink| async move {
             let tok = state.engine.tokenizer.as_ref();
             let chunk = |i: usize, text: &str, lp: Value, finish: Value| {
                 json!({
                     "id": id, "object": "text_completion", "created": created, "model": model,
-                    "system_fingerprint": null,
+                    "system_fingerprint": crate::FINGERPRINT,
                     "choices": [{"index": i, "text": text, "logprobs": lp, "finish_reason": finish}],
                     "usage": null,
                 })
@@ -253,7 +253,7 @@ async fn complete(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> 
             if include_usage {
                 let last = json!({
                     "id": id, "object": "text_completion", "created": created, "model": model,
-                    "system_fingerprint": null, "choices": [],
+                    "system_fingerprint": crate::FINGERPRINT, "choices": [],
                     "usage": usage(prompt_tokens, completion_tokens, rx.cached()),
                 });
                 if !sink.json(&last).await {
@@ -286,7 +286,7 @@ async fn complete(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> 
         "model": model,
         "choices": out,
         "usage": usage(prompt_tokens, completion_tokens, rx.cached()),
-        "system_fingerprint": null,
+        "system_fingerprint": crate::FINGERPRINT,
     }))
     .into_response())
 }

@@ -23,6 +23,7 @@ mod metrics;
 pub mod parse;
 mod scheduler;
 mod stream;
+mod tokens;
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -46,11 +47,19 @@ use scheduler::Scheduler;
 /// Largest request body accepted (413 past it).
 pub const DEFAULT_BODY_LIMIT: usize = 8 << 20;
 
+/// `system_fingerprint`: what answers (the server's version).
+pub const FINGERPRINT: &str = concat!("strata-", env!("CARGO_PKG_VERSION"));
+
 #[derive(Clone, Debug)]
 pub struct ServeOptions {
     pub addr: SocketAddr,
     pub api_key: Option<ApiKey>,
+    /// The model's name in responses and `/v1/models`.
     pub served_model_name: String,
+    /// Other names requests may give it (also listed).
+    pub aliases: Vec<String>,
+    /// Silence after which a stream gets a comment line (a long prompt).
+    pub sse_keepalive: std::time::Duration,
     /// Sequences decoded together at most.
     pub max_concurrent: usize,
     /// Sequences that may wait for a place in the batch (429 past it).
@@ -63,12 +72,19 @@ pub struct ServeOptions {
 }
 
 impl ServeOptions {
+    /// Whether requests may call the model `name`.
+    pub fn serves(&self, name: &str) -> bool {
+        name == self.served_model_name || self.aliases.iter().any(|a| a == name)
+    }
+
     /// Loopback defaults for a model served as `name` on `addr`.
     pub fn new(addr: SocketAddr, name: impl Into<String>) -> ServeOptions {
         ServeOptions {
             addr,
             api_key: None,
             served_model_name: name.into(),
+            aliases: Vec::new(),
+            sse_keepalive: std::time::Duration::from_secs(10),
             max_concurrent: 16,
             max_queued: 64,
             body_limit: DEFAULT_BODY_LIMIT,
@@ -116,6 +132,8 @@ pub fn router(engine: Arc<Engine>, options: ServeOptions) -> (Router, scheduler:
         .route("/v1/models/{model}", get(model))
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
+        .route("/tokenize", post(tokens::tokenize))
+        .route("/detokenize", post(tokens::detokenize))
         .route_layer(middleware::from_fn_with_state(state.clone(), guard::auth));
     let app = Router::new()
         .merge(api)
@@ -173,9 +191,9 @@ pub async fn serve(engine: Arc<Engine>, options: ServeOptions) -> anyhow::Result
     }
 }
 
-fn model_card(state: &AppState) -> serde_json::Value {
+fn model_card(state: &AppState, name: &str) -> serde_json::Value {
     json!({
-        "id": state.options.served_model_name,
+        "id": name,
         "object": "model",
         "created": state.created,
         "owned_by": "strata",
@@ -183,15 +201,18 @@ fn model_card(state: &AppState) -> serde_json::Value {
 }
 
 async fn models(State(state): State<Arc<AppState>>) -> Response {
-    axum::Json(json!({"object": "list", "data": [model_card(&state)]})).into_response()
+    let o = &state.options;
+    let names = std::iter::once(&o.served_model_name).chain(&o.aliases);
+    let data: Vec<_> = names.map(|n| model_card(&state, n)).collect();
+    axum::Json(json!({"object": "list", "data": data})).into_response()
 }
 
 async fn model(
     State(state): State<Arc<AppState>>,
     axum::extract::Path(name): axum::extract::Path<String>,
 ) -> Response {
-    if name == state.options.served_model_name {
-        axum::Json(model_card(&state)).into_response()
+    if state.options.serves(&name) {
+        axum::Json(model_card(&state, &name)).into_response()
     } else {
         unknown_model(&name).into_response()
     }

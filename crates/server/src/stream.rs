@@ -53,7 +53,7 @@ pub fn json_body(body: Result<Bytes, BytesRejection>) -> ApiResult<Map<String, V
 pub fn check_model(state: &AppState, fields: &Map<String, Value>) -> ApiResult<()> {
     match fields.get("model") {
         None | Some(Value::Null) => Ok(()),
-        Some(Value::String(m)) if *m == state.options.served_model_name => Ok(()),
+        Some(Value::String(m)) if state.options.serves(m) => Ok(()),
         Some(Value::String(m)) => Err(crate::unknown_model(m)),
         Some(v) => Err(ApiError::field(
             "model",
@@ -156,32 +156,38 @@ pub async fn collect(rx: &mut crate::scheduler::EventRx, n: usize) -> ApiResult<
 }
 
 /// Where an SSE producer writes; sends fail once the client is gone.
-pub struct SseSink(mpsc::Sender<Bytes>);
+pub struct SseSink {
+    tx: mpsc::Sender<Bytes>,
+    /// How long the stream may be silent before a comment line keeps it alive.
+    keepalive: std::time::Duration,
+}
 
 impl SseSink {
     pub async fn json(&self, v: &Value) -> bool {
-        self.0.send(Bytes::from(format!("data: {v}\n\n"))).await.is_ok()
+        self.tx.send(Bytes::from(format!("data: {v}\n\n"))).await.is_ok()
     }
 
     pub async fn done(&self) {
-        let _ = self.0.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+        let _ = self.tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
     }
 
     /// Resolves when the client has gone away.
     pub async fn closed(&self) {
-        self.0.closed().await
+        self.tx.closed().await
     }
 }
 
-/// An SSE response whose events `produce` writes. When the client disconnects, the body is
-/// dropped, the sink reports it, and the producer returns, dropping the engine's channel.
-pub fn sse<F, Fut>(produce: F) -> Response
+/// An SSE response whose events `produce` writes, with a comment line after every `keepalive`
+/// of silence (a long prompt: proxies with idle timeouts keep the stream). When the client
+/// disconnects, the body is dropped, the sink reports it, and the producer returns, dropping
+/// the engine's channel.
+pub fn sse<F, Fut>(keepalive: std::time::Duration, produce: F) -> Response
 where
     F: FnOnce(SseSink) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
     let (tx, rx) = mpsc::channel::<Bytes>(64);
-    tokio::spawn(produce(SseSink(tx)));
+    tokio::spawn(produce(SseSink { tx, keepalive }));
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|b| (Ok::<Bytes, Infallible>(b), rx))
     });
@@ -197,9 +203,16 @@ where
 
 /// The next engine event, or None when the client went away first.
 pub async fn next_event(sink: &SseSink, rx: &mut crate::scheduler::EventRx) -> Option<(usize, Event)> {
-    tokio::select! {
-        e = rx.recv() => e,
-        _ = sink.closed() => None,
+    loop {
+        tokio::select! {
+            e = rx.recv() => return e,
+            _ = sink.closed() => return None,
+            _ = tokio::time::sleep(sink.keepalive) => {
+                if sink.tx.send(Bytes::from_static(b": keep-alive\n\n")).await.is_err() {
+                    return None;
+                }
+            }
+        }
     }
 }
 

@@ -24,9 +24,15 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer KEY` on the API routes.
     #[arg(long, env = "STRATA_API_KEY", hide_env_values = true, value_name = "KEY")]
     api_key: Option<String>,
-    /// The model name clients use (default: the model folder's name).
-    #[arg(long, value_name = "NAME")]
-    served_model_name: Option<String>,
+    /// The model's name for clients; several names (`--served-model-name a b`, or the flag
+    /// again) are all accepted and listed, the first in responses. Default: ORG/NAME for a
+    /// hub model, else the folder's (or GGUF file's) name.
+    #[arg(long, value_name = "NAME", num_args = 1..)]
+    served_model_name: Vec<String>,
+    /// Seconds of silence (a long prompt) after which a stream gets an SSE comment line, so
+    /// proxies with idle timeouts keep it.
+    #[arg(long, default_value_t = 10.0, value_name = "SECONDS", hide = true)]
+    sse_keepalive: f64,
     /// Sequences decoded together at most (each choice of a request is one).
     #[arg(long, default_value_t = 16, value_name = "N")]
     max_concurrent: usize,
@@ -92,13 +98,14 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     load.sequences = args.max_concurrent.max(1);
     load.prefix_cache = args.prefix_cache;
     let (engine, dir) = args.model.load(&load)?;
-    let name = args.served_model_name.clone().unwrap_or_else(|| {
-        dir.canonicalize()
-            .ok()
-            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-            .unwrap_or_else(|| "strata".into())
-    });
+    let mut names = args.served_model_name.clone();
+    if names.is_empty() {
+        names.push(default_name(args.model.spec().as_deref(), &dir));
+    }
+    let name = names.remove(0);
     let options = ServeOptions {
+        aliases: names,
+        sse_keepalive: seconds("sse-keepalive", args.sse_keepalive)?,
         api_key: args.api_key.and_then(ApiKey::new),
         max_concurrent: args.max_concurrent.max(1),
         max_queued: args.max_queued,
@@ -111,6 +118,36 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         ..ServeOptions::new(SocketAddr::new(args.host, args.port), name)
     };
     strata_server::serve_blocking(Arc::new(engine), options)
+}
+
+/// The name a model is served as by default: `ORG/NAME` of `hf://ORG/NAME[@REV]`, the last
+/// part of a URL, else the folder's or file's name (the embedded model's is its own).
+fn default_name(spec: Option<&str>, dir: &std::path::Path) -> String {
+    let last = |s: &str| {
+        s.trim_end_matches('/')
+            .rsplit('/')
+            .next()
+            .unwrap_or(s)
+            .to_string()
+    };
+    match spec {
+        Some(s) if s.starts_with("hf://") => {
+            let repo = &s["hf://".len()..];
+            repo.split('@')
+                .next()
+                .unwrap_or(repo)
+                .trim_matches('/')
+                .to_string()
+        }
+        Some(s) if s.starts_with("http://") || s.starts_with("https://") => last(s),
+        Some(_) => {
+            let path = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+            let file = path.file_name().map(|n| n.to_string_lossy().into_owned());
+            file.map(|f| f.trim_end_matches(".gguf").to_string())
+                .unwrap_or_else(|| "strata".into())
+        }
+        None => "qwen3-moe-tiny".into(),
+    }
 }
 
 /// An IP address, or the address a host name resolves to (`localhost`), IPv4 where it has one.
@@ -133,6 +170,24 @@ fn parse_host(text: &str) -> Result<IpAddr, String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn served_names_default_to_what_people_call_the_model() {
+        use super::default_name;
+        let dir = std::path::Path::new("/nonexistent/models/Some-Model");
+        assert_eq!(
+            default_name(Some("hf://Qwen/Qwen3-30B-A3B@main"), dir),
+            "Qwen/Qwen3-30B-A3B"
+        );
+        assert_eq!(default_name(Some("hf://org/name"), dir), "org/name");
+        assert_eq!(default_name(Some("https://cdn.example/models/m1/"), dir), "m1");
+        assert_eq!(
+            default_name(Some("/nonexistent/models/Some-Model"), dir),
+            "Some-Model"
+        );
+        let gguf = std::path::Path::new("/nonexistent/q.gguf");
+        assert_eq!(default_name(Some("/nonexistent/q.gguf"), gguf), "q");
+    }
+
     #[test]
     fn hosts_are_addresses_or_names() {
         assert_eq!(super::parse_host("127.0.0.1"), Ok([127, 0, 0, 1].into()));
