@@ -85,21 +85,46 @@ fn tool_call_json(call: &ToolCall, k: usize, id_prefix: &str) -> Value {
     })
 }
 
-struct Plan {
-    think: ThinkStyle,
-    prompt_len: usize,
-    n: usize,
-    stream: bool,
+pub(crate) struct Plan {
+    pub think: ThinkStyle,
+    pub prompt_len: usize,
+    pub n: usize,
+    pub stream: bool,
     include_usage: bool,
     logprobs: bool,
-    tool_format: Option<ToolFormat>,
-    in_reasoning: bool,
-    strip: Vec<String>,
+    pub tool_format: Option<ToolFormat>,
+    pub in_reasoning: bool,
+    pub strip: Vec<String>,
+}
+
+impl Plan {
+    /// A parser of one choice's output into content, reasoning and tool calls.
+    pub fn parser(&self) -> OutputParser {
+        OutputParser::with_style(
+            self.tool_format,
+            self.think,
+            self.in_reasoning,
+            self.strip.clone(),
+        )
+    }
 }
 
 async fn chat(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> ApiResult<Response> {
     let obj: Map<String, Value> = json_body(body)?;
-    check_model(&state, &obj)?;
+    let (plan, rx) = prepare(&state, &obj).await?;
+    if plan.stream {
+        return Ok(stream_chat(state.clone(), plan, rx));
+    }
+    respond(&state, plan, rx).await
+}
+
+/// A chat request (OpenAI's fields) checked, rendered through the template and handed to the
+/// engine.
+pub(crate) async fn prepare(
+    state: &Arc<AppState>,
+    obj: &Map<String, Value>,
+) -> ApiResult<(Plan, crate::scheduler::EventRx)> {
+    check_model(state, obj)?;
     let engine = &state.engine;
     let tok = engine.tokenizer.as_ref().ok_or_else(|| {
         ApiError::bad_request("This model has no tokenizer; use /v1/completions with token ids.")
@@ -112,19 +137,8 @@ async fn chat(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> ApiR
         logprobs,
         top,
         common,
-    } = ChatRequest::parse(&obj, engine.sampling_defaults(), &stream::vocab(&state))?;
-    let (prompt, rendered) = {
-        let state = state.clone();
-        let tools = tools.clone();
-        blocking(move || {
-            let tok = state.engine.tokenizer.as_ref().expect("checked above");
-            tok.encode_chat(&Value::Array(msgs), tools.as_ref(), true, &kwargs)
-        })
-        .await?
-        .map_err(|e| {
-            ApiError::bad_request(format!("The chat template could not render these messages: {e}"))
-        })?
-    };
+    } = ChatRequest::parse(obj, engine.sampling_defaults(), &stream::vocab(state))?;
+    let (prompt, rendered) = render_messages(state, msgs, tools.clone(), kwargs).await?;
     let context = engine.memory.ctx_size;
     let budget = api::token_budget(common.max_tokens, prompt.len(), context)?;
     let top_entries = logprobs.then_some(top.unwrap_or(0) as usize);
@@ -146,7 +160,7 @@ async fn chat(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> ApiR
         logprobs: logprobs.then_some(top.unwrap_or(0) as usize),
         keep_special: true,
     };
-    let rx = submit(&state, requests, extras)?;
+    let rx = submit(state, requests, extras)?;
     state
         .metrics
         .prompt_tokens
@@ -163,32 +177,46 @@ async fn chat(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> ApiR
         in_reasoning: think.prompt_opens_reasoning(&rendered),
         strip: strip_list(tok, think),
     };
-    if plan.stream {
-        return Ok(stream_chat(state.clone(), plan, rx));
+    Ok((plan, rx))
+}
+
+/// The chat template over `msgs` (on a blocking thread): the prompt's ids and text.
+async fn render_messages(
+    state: &Arc<AppState>,
+    msgs: Vec<Value>,
+    tools: Option<Value>,
+    kwargs: Map<String, Value>,
+) -> ApiResult<(Vec<u32>, String)> {
+    let state = state.clone();
+    blocking(move || {
+        let tok = state.engine.tokenizer.as_ref().expect("the caller checked it");
+        tok.encode_chat(&Value::Array(msgs), tools.as_ref(), true, &kwargs)
+    })
+    .await?
+    .map_err(|e| ApiError::bad_request(format!("The chat template could not render these messages: {e}")))
+}
+
+/// The prompt a chat request (OpenAI's fields) renders to, without running it.
+pub(crate) async fn render(state: &Arc<AppState>, obj: &Map<String, Value>) -> ApiResult<Vec<u32>> {
+    check_model(state, obj)?;
+    let engine = &state.engine;
+    if engine.tokenizer.is_none() {
+        return Err(ApiError::bad_request("This model has no tokenizer."));
     }
-    let mut rx = rx;
+    let r = ChatRequest::parse(obj, engine.sampling_defaults(), &stream::vocab(state))?;
+    Ok(render_messages(state, r.messages, r.tools, r.kwargs).await?.0)
+}
+
+/// The whole answer of a request that is not streamed.
+async fn respond(state: &AppState, plan: Plan, mut rx: crate::scheduler::EventRx) -> ApiResult<Response> {
+    let tok = state.engine.tokenizer.as_ref().expect("prepare checked it");
     let choices = stream::collect(&mut rx, plan.n).await?;
     let id = stream::request_id("chatcmpl");
     let mut completion_tokens = 0;
     let mut out = Vec::with_capacity(choices.len());
     for (i, c) in choices.iter().enumerate() {
         completion_tokens += c.ids.len();
-        let mut parser = OutputParser::with_style(
-            plan.tool_format,
-            plan.think,
-            plan.in_reasoning,
-            plan.strip.clone(),
-        );
-        let mut pieces = parser.push(&c.text);
-        let (rest, calls) = parser.finish();
-        pieces.extend(rest);
-        let (mut content, mut reasoning) = (String::new(), String::new());
-        for p in pieces {
-            match p {
-                Piece::Content(s) => content.push_str(&s),
-                Piece::Reasoning(s) => reasoning.push_str(&s),
-            }
-        }
+        let (content, reasoning, calls) = crate::parse::parse_all(&mut plan.parser(), &[&c.text]);
         let mut message = json!({"role": "assistant", "content": content});
         if !reasoning.is_empty() {
             // Both names clients read: `reasoning_content` (DeepSeek, OpenRouter) and `reasoning`
@@ -244,16 +272,7 @@ fn stream_chat(state: Arc<AppState>, plan: Plan, mut rx: crate::scheduler::Event
             Piece::Content(s) => json!({"content": s}),
             Piece::Reasoning(s) => json!({"reasoning_content": s, "reasoning": s}),
         };
-        let mut parsers: Vec<OutputParser> = (0..plan.n)
-            .map(|_| {
-                OutputParser::with_style(
-                    plan.tool_format,
-                    plan.think,
-                    plan.in_reasoning,
-                    plan.strip.clone(),
-                )
-            })
-            .collect();
+        let mut parsers: Vec<OutputParser> = (0..plan.n).map(|_| plan.parser()).collect();
         for i in 0..plan.n {
             if !sink
                 .json(&chunk(

@@ -174,18 +174,19 @@ fn allow_origin(headers: &mut HeaderMap, origin: &str) {
 /// `Authorization: Bearer KEY` on the API routes, when the server has a key.
 pub async fn auth(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
     if let Some(key) = &state.options.api_key {
-        let given = request
-            .headers()
-            .get(header::AUTHORIZATION)
+        // `Authorization: Bearer KEY` (OpenAI's clients) or `x-api-key: KEY` (Anthropic's).
+        let headers = request.headers();
+        let given = (headers.get(header::AUTHORIZATION))
             .map(|v| v.as_bytes())
-            .and_then(|v| v.strip_prefix(b"Bearer "));
+            .and_then(|v| v.strip_prefix(b"Bearer "))
+            .or_else(|| headers.get("x-api-key").map(|v| v.as_bytes()));
         if !given.is_some_and(|g| key.matches(g)) {
             return ApiError {
                 code: Some("invalid_api_key"),
                 ..ApiError::new(
                     StatusCode::UNAUTHORIZED,
                     "invalid_request_error",
-                    "Incorrect or missing API key: send `Authorization: Bearer KEY`.",
+                    "Incorrect or missing API key: send `Authorization: Bearer KEY` (or `x-api-key: KEY`).",
                 )
             }
             .into_response();

@@ -19,6 +19,7 @@ mod completions;
 pub mod fuzzing;
 mod guard;
 mod listen;
+mod messages;
 mod metrics;
 pub mod parse;
 mod scheduler;
@@ -132,6 +133,8 @@ pub fn router(engine: Arc<Engine>, options: ServeOptions) -> (Router, scheduler:
         .route("/v1/models/{model}", get(model))
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
+        .route("/v1/messages", post(messages::messages))
+        .route("/v1/messages/count_tokens", post(messages::count_tokens))
         .route("/tokenize", post(tokens::tokenize))
         .route("/detokenize", post(tokens::detokenize))
         .route_layer(middleware::from_fn_with_state(state.clone(), guard::auth));

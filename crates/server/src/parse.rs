@@ -332,25 +332,30 @@ fn parse_kimi(section: &str) -> Option<Vec<ToolCall>> {
         .collect()
 }
 
+/// A whole output parsed at once: (content, reasoning, tool calls).
+pub fn parse_all(p: &mut OutputParser, chunks: &[&str]) -> (String, String, Vec<ToolCall>) {
+    let mut pieces = Vec::new();
+    for c in chunks {
+        pieces.extend(p.push(c));
+    }
+    let (rest, calls) = p.finish();
+    pieces.extend(rest);
+    let (mut content, mut reasoning) = (String::new(), String::new());
+    for piece in pieces {
+        match piece {
+            Piece::Content(s) => content.push_str(&s),
+            Piece::Reasoning(s) => reasoning.push_str(&s),
+        }
+    }
+    (content, reasoning, calls)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn run(p: &mut OutputParser, chunks: &[&str]) -> (String, String, Vec<ToolCall>) {
-        let mut pieces = Vec::new();
-        for c in chunks {
-            pieces.extend(p.push(c));
-        }
-        let (rest, calls) = p.finish();
-        pieces.extend(rest);
-        let (mut content, mut reasoning) = (String::new(), String::new());
-        for piece in pieces {
-            match piece {
-                Piece::Content(s) => content.push_str(&s),
-                Piece::Reasoning(s) => reasoning.push_str(&s),
-            }
-        }
-        (content, reasoning, calls)
+        parse_all(p, chunks)
     }
 
     #[test]

@@ -167,6 +167,14 @@ impl SseSink {
         self.tx.send(Bytes::from(format!("data: {v}\n\n"))).await.is_ok()
     }
 
+    /// A named event (`event: NAME`), as Anthropic's streams have them.
+    pub async fn event(&self, name: &str, v: &Value) -> bool {
+        self.tx
+            .send(Bytes::from(format!("event: {name}\ndata: {v}\n\n")))
+            .await
+            .is_ok()
+    }
+
     pub async fn done(&self) {
         let _ = self.tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
     }
