@@ -25,6 +25,7 @@ pub mod parse;
 mod scheduler;
 mod stream;
 mod tokens;
+mod web;
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -140,6 +141,7 @@ pub fn router(engine: Arc<Engine>, options: ServeOptions) -> (Router, scheduler:
         .route_layer(middleware::from_fn_with_state(state.clone(), guard::auth));
     let app = Router::new()
         .merge(api)
+        .route("/", get(web::index))
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
