@@ -38,6 +38,8 @@ pub enum EngineError {
     Preload(String),
     #[error("empty prompt: at least one token is needed")]
     EmptyPrompt,
+    #[error("structured output: {0}")]
+    Guide(String),
     #[error("{}: the {family} family cannot list its tensors from config alone; give the model folder", path.display())]
     NoInventory { path: PathBuf, family: &'static str },
     #[error(
@@ -201,6 +203,8 @@ pub struct Engine {
     /// The INT8 spine's sidecar (`--spine-format int8`): what this load read from it and
     /// converted.
     pub int8: Option<Arc<Int8Sidecar>>,
+    /// The vocabulary for structured output, built at its first use.
+    guidance: std::sync::OnceLock<Result<Arc<crate::Guidance>, String>>,
 }
 
 /// `logits` output: argmax at every position and the full logits of the last one.
@@ -333,6 +337,7 @@ impl Engine {
             masked_ids,
             faults: crate::Faults::from_env(),
             int8,
+            guidance: std::sync::OnceLock::new(),
         })
     }
 
@@ -391,6 +396,22 @@ impl Engine {
                 .unwrap_or(0),
             ..SamplingParams::default()
         }
+    }
+
+    /// The vocabulary for structured output (built once; an error says why this model's
+    /// tokenizer cannot give it).
+    pub fn guidance(&self) -> Result<Arc<crate::Guidance>, EngineError> {
+        let built = self.guidance.get_or_init(|| {
+            let tok = self.tokenizer.as_ref().ok_or("the model has no tokenizer")?;
+            let vocab = self.model.info().vocab_size;
+            let eos = *self
+                .generation
+                .eos_token_ids
+                .first()
+                .ok_or("the model names no end-of-sequence token")?;
+            crate::Guidance::new(&self.dir, tok, vocab, eos).map(Arc::new)
+        });
+        built.clone().map_err(EngineError::Guide)
     }
 
     pub fn new_cache(&self) -> KvCache {

@@ -38,6 +38,8 @@ pub struct RequestExtras {
     /// Stream special tokens' text too (tool-call and reasoning markers); the EOS that ends a
     /// sequence is never text.
     pub keep_special: bool,
+    /// What the output must match (structured output).
+    pub guide: Option<crate::Guide>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -163,8 +165,24 @@ impl<'e> Batch<'e> {
     /// (reported by the next [`Batch::step`]).
     pub fn add(&mut self, id: u64, request: Request, extras: RequestExtras) -> Result<(), EngineError> {
         self.engine.check(&request)?;
-        self.seqs.push(SeqState::new(self.engine, id, request, extras));
+        let guided = self.guided(&extras)?;
+        let mut s = SeqState::new(self.engine, id, request, extras);
+        s.guided = guided;
+        self.seqs.push(s);
         Ok(())
+    }
+
+    /// The matcher of a request's guide.
+    fn guided(&self, extras: &RequestExtras) -> Result<Option<crate::guided::Guided>, EngineError> {
+        let Some(guide) = &extras.guide else {
+            return Ok(None);
+        };
+        let m = self
+            .engine
+            .guidance()?
+            .matcher(guide)
+            .map_err(EngineError::Guide)?;
+        Ok(Some(crate::guided::Guided(m)))
     }
 
     /// Adds a sequence whose `cache` holds the first `reused` tokens of its prompt (fewer than
@@ -179,8 +197,10 @@ impl<'e> Batch<'e> {
     ) -> Result<(), EngineError> {
         self.engine.check(&request)?;
         assert!(reused < request.prompt.len() && cache.len == reused);
-        self.seqs
-            .push(SeqState::resume(self.engine, id, request, extras, cache, reused));
+        let guided = self.guided(&extras)?;
+        let mut s = SeqState::resume(self.engine, id, request, extras, cache, reused);
+        s.guided = guided;
+        self.seqs.push(s);
         self.keep.push(id);
         Ok(())
     }

@@ -5,6 +5,7 @@
 mod engine;
 mod faults;
 mod generate;
+mod guided;
 mod int8_spine;
 mod loading;
 mod memory;
@@ -19,6 +20,7 @@ mod stop;
 pub use engine::{available_memory, parse_size, Engine, EngineError, LoadOptions, LogitsOutput};
 pub use faults::Faults;
 pub use generate::{Batch, FinishReason, GenEvent, Request, RequestExtras, TokenLogprobs};
+pub use guided::{Guidance, Guide};
 pub use int8_spine::{Int8Sidecar, Int8Stats};
 pub use loading::{LoadProgress, Progress};
 pub use memory::{MemoryPlan, SpineFormat, SpineMode, MIN_STATE_TOKENS};

@@ -24,6 +24,8 @@ pub(crate) struct SeqState {
     pub pending: Vec<u32>,
     /// A forward pass or a step after it failed (its cache may hold part of a pass).
     pub failed: bool,
+    /// The grammar its output must match.
+    pub(crate) guided: Option<crate::guided::Guided>,
 }
 
 /// log-softmax of `logits` at `id` and the `k` most likely tokens (masked ones never among them).
@@ -78,6 +80,7 @@ impl SeqState {
             request,
             extras,
             failed: false,
+            guided: None,
         }
     }
 
@@ -106,7 +109,17 @@ impl SeqState {
                 *l = f32::NEG_INFINITY;
             }
         }
+        if let Some(g) = &mut self.guided {
+            g.mask(&mut logits).map_err(EngineError::Guide)?;
+        }
         let id = self.sampler.sample(&logits, &self.seen, &self.generated);
+        let guide_done = match &mut self.guided {
+            Some(g) => {
+                g.take(id).map_err(EngineError::Guide)?;
+                g.done()
+            }
+            None => false,
+        };
         let lp = self.extras.logprobs.map(|k| logprobs_of(&logits, id, k));
         self.seen.push(id);
         self.generated.push(id);
@@ -124,7 +137,7 @@ impl SeqState {
             }
         }
         let ctx = engine.memory.ctx_size;
-        let mut finish = if stop_hit || ends {
+        let mut finish = if stop_hit || ends || guide_done {
             Some(FinishReason::Stop)
         } else if self.generated.len() >= self.request.max_new_tokens || self.cache.len + 1 >= ctx {
             Some(FinishReason::Length)

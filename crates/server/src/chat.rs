@@ -131,6 +131,7 @@ pub(crate) async fn prepare(
     })?;
     let ChatRequest {
         messages: msgs,
+        guide,
         tools,
         parse_tools,
         kwargs,
@@ -156,9 +157,23 @@ pub(crate) async fn prepare(
             }
         })
         .collect();
+    if let Some(g) = &guide {
+        // Compiled here first, so a schema it cannot take is this request's 400.
+        let (state, g) = (state.clone(), g.clone());
+        blocking(move || {
+            state.engine.guidance().and_then(|v| {
+                v.matcher(&g)
+                    .map(|_| ())
+                    .map_err(strata_runtime::EngineError::Guide)
+            })
+        })
+        .await?
+        .map_err(|e| ApiError::field("response_format", e.to_string()))?;
+    }
     let extras = RequestExtras {
         logprobs: logprobs.then_some(top.unwrap_or(0) as usize),
         keep_special: true,
+        guide,
     };
     let rx = submit(state, requests, extras)?;
     state

@@ -14,6 +14,8 @@ pub const MAX_TOP_LOGPROBS: i64 = 20;
 
 pub struct ChatRequest {
     pub messages: Vec<Value>,
+    /// `response_format`: what the answer must be.
+    pub guide: Option<strata_runtime::Guide>,
     pub tools: Option<Value>,
     pub parse_tools: bool,
     pub kwargs: Map<String, Value>,
@@ -30,6 +32,7 @@ impl ChatRequest {
     ) -> ApiResult<ChatRequest> {
         let f = Fields(obj);
         let messages = messages(obj.get("messages"))?;
+        let guide = response_format(obj.get("response_format"))?;
         let (tools, parse_tools) = tools(&f)?;
         let kwargs = template_kwargs(obj, &f)?;
         let logprobs = f.bool("logprobs")?.unwrap_or(false);
@@ -43,6 +46,7 @@ impl ChatRequest {
         let common = api::common(&f, defaults, vocab, MAX_N)?;
         Ok(ChatRequest {
             messages,
+            guide,
             tools,
             parse_tools,
             kwargs,
@@ -50,6 +54,30 @@ impl ChatRequest {
             top,
             common,
         })
+    }
+}
+
+/// `response_format`: `text` (none), `json_object` (any JSON object) or `json_schema` (a JSON
+/// value matching `json_schema.schema`).
+fn response_format(v: Option<&Value>) -> ApiResult<Option<strata_runtime::Guide>> {
+    use strata_runtime::Guide;
+    let bad = |m: &str| ApiError::field("response_format", m.to_string());
+    let Some(v) = v.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    match v.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(Guide::JsonSchema(serde_json::json!({"type": "object"})))),
+        Some("json_schema") => match v.get("json_schema").and_then(|j| j.get("schema")) {
+            Some(schema @ (Value::Object(_) | Value::Bool(_))) => Ok(Some(Guide::JsonSchema(schema.clone()))),
+            Some(_) => Err(bad(
+                "`response_format.json_schema.schema` must be a JSON schema object",
+            )),
+            None => Err(bad("`response_format.json_schema.schema` is required")),
+        },
+        _ => Err(bad(
+            "`response_format.type` must be text, json_object or json_schema",
+        )),
     }
 }
 

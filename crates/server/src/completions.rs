@@ -182,6 +182,7 @@ async fn complete(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> 
     let extras = RequestExtras {
         logprobs: logprobs.map(|k| k as usize),
         keep_special: false,
+        guide: None,
     };
     let rx = submit(&state, requests, extras)?;
     state
