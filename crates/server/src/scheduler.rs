@@ -196,6 +196,7 @@ impl Scheduler {
                 batch.snapshot_prompts(true);
                 let mut engine_thread = EngineThread {
                     engine: &engine,
+                    health: guard.tx.clone(),
                     batch,
                     prefix: strata_runtime::PrefixCache::new(engine.memory.prefix_cache),
                     queue: VecDeque::new(),
@@ -252,6 +253,9 @@ struct Running {
 
 struct EngineThread<'e> {
     engine: &'e Engine,
+    /// Told the engine's end before its requests are (so no /health answers 200 after a
+    /// request got the engine's error).
+    health: watch::Sender<Option<String>>,
     batch: Batch<'e>,
     /// Decoding state of earlier requests, by the tokens it holds.
     prefix: strata_runtime::PrefixCache,
@@ -305,6 +309,7 @@ impl EngineThread<'_> {
             if let Err(fatal) = self.step() {
                 let reason = fatal.to_string();
                 tracing::error!("engine stopped: {reason}");
+                self.health.send_replace(Some(reason.clone()));
                 self.fail_everything(&reason, jobs);
                 return reason;
             }
