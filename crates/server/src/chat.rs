@@ -15,7 +15,7 @@ use strata_runtime::{Request, RequestExtras, TokenLogprobs};
 use strata_tokenizer::Tokenizer;
 
 use crate::api::{self, ApiError, ApiResult};
-use crate::chat_request::ChatRequest;
+use crate::chat_request::{ChatRequest, ToolChoice};
 use crate::parse::{OutputParser, Piece, ThinkStyle, ToolCall, ToolFormat, XTML_STRUCTURE};
 use crate::scheduler::Event;
 use crate::stream::{self, blocking, check_model, json_body, next_event, submit, token_text, usage};
@@ -131,6 +131,8 @@ pub(crate) async fn prepare(
     })?;
     let ChatRequest {
         messages: msgs,
+        tool_choice,
+        parallel,
         guide,
         tools,
         parse_tools,
@@ -157,6 +159,32 @@ pub(crate) async fn prepare(
             }
         })
         .collect();
+    let guide = match (&tool_choice, guide) {
+        (ToolChoice::Required | ToolChoice::Named(_), Some(_)) => {
+            return Err(ApiError::field(
+                "response_format",
+                "`response_format` and a `tool_choice` that asks for a call cannot both be enforced",
+            ))
+        }
+        (ToolChoice::Required | ToolChoice::Named(_), None) => {
+            let only = match &tool_choice {
+                ToolChoice::Named(n) => Some(n.as_str()),
+                _ => None,
+            };
+            let list = tools
+                .as_ref()
+                .and_then(Value::as_array)
+                .map_or(&[][..], |v| v.as_slice());
+            Some(crate::tool_guide::guide(
+                ToolFormat::detect(tok),
+                tok,
+                list,
+                only,
+                parallel,
+            )?)
+        }
+        (_, g) => g,
+    };
     if let Some(g) = &guide {
         // Compiled here first, so a schema it cannot take is this request's 400.
         let (state, g) = (state.clone(), g.clone());

@@ -12,8 +12,22 @@ use crate::api::{self, ApiError, ApiResult, Common, Fields, Vocab};
 pub const MAX_N: usize = 16;
 pub const MAX_TOP_LOGPROBS: i64 = 20;
 
+/// `tool_choice`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ToolChoice {
+    Auto,
+    None,
+    /// Some call of the tools (enforced).
+    Required,
+    /// A call of this tool (enforced).
+    Named(String),
+}
+
 pub struct ChatRequest {
     pub messages: Vec<Value>,
+    pub tool_choice: ToolChoice,
+    /// `parallel_tool_calls` (default true): several calls may be made at once.
+    pub parallel: bool,
     /// `response_format`: what the answer must be.
     pub guide: Option<strata_runtime::Guide>,
     pub tools: Option<Value>,
@@ -34,6 +48,21 @@ impl ChatRequest {
         let messages = messages(obj.get("messages"))?;
         let guide = response_format(obj.get("response_format"))?;
         let (tools, parse_tools) = tools(&f)?;
+        let tool_choice = match obj.get("tool_choice") {
+            Some(Value::String(s)) if s == "none" => ToolChoice::None,
+            Some(Value::String(s)) if s == "required" => ToolChoice::Required,
+            Some(Value::Object(o)) => (o.get("function").and_then(|f| f.get("name")))
+                .and_then(Value::as_str)
+                .map_or(ToolChoice::Auto, |n| ToolChoice::Named(n.to_string())),
+            _ => ToolChoice::Auto,
+        };
+        if matches!(tool_choice, ToolChoice::Required | ToolChoice::Named(_)) && tools.is_none() {
+            return Err(ApiError::field(
+                "tool_choice",
+                "`tool_choice` asks for a tool call, and `tools` is empty",
+            ));
+        }
+        let parallel = f.bool("parallel_tool_calls")?.unwrap_or(true);
         let kwargs = template_kwargs(obj, &f)?;
         let logprobs = f.bool("logprobs")?.unwrap_or(false);
         let top = f.int("top_logprobs", 0, MAX_TOP_LOGPROBS)?;
@@ -46,6 +75,8 @@ impl ChatRequest {
         let common = api::common(&f, defaults, vocab, MAX_N)?;
         Ok(ChatRequest {
             messages,
+            tool_choice,
+            parallel,
             guide,
             tools,
             parse_tools,

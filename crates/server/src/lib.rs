@@ -25,6 +25,7 @@ pub mod parse;
 mod scheduler;
 mod stream;
 mod tokens;
+mod tool_guide;
 mod web;
 
 use std::net::SocketAddr;
