@@ -2,24 +2,14 @@
 //! with or without "i" and "B" are the same binary size, `-c` is `--ctx-size`, `--temp` is
 //! `--temperature`, and `serve --host localhost` listens where clients of `localhost` connect.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::strata_stdout as out;
 use strata_testkit::fixture;
-
-fn out(args: &[&str]) -> String {
-    let o = Command::new(env!("CARGO_BIN_EXE_strata"))
-        .args(args)
-        .output()
-        .expect("spawn strata");
-    assert!(
-        o.status.success(),
-        "strata {args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8(o.stdout).unwrap()
-}
 
 #[test]
 fn sizes_and_short_flags_are_their_long_forms() {

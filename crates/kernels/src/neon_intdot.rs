@@ -201,19 +201,6 @@ unsafe fn run_with<S: BlockStep, const LUT: bool, const N: usize>(
     std::array::from_fn(|t| reduce(totals[t]))
 }
 
-/// [`run_with`] in the plain step.
-#[inline]
-unsafe fn run<const LUT: bool, const N: usize>(
-    packed: *const u8,
-    kind: u8,
-    scales: *const u8,
-    shift: u32,
-    lut: uint8x16_t,
-    acts: [&IntAct; N],
-) -> [f32; N] {
-    run_with::<Plain, LUT, N>(packed, kind, scales, shift, lut, acts)
-}
-
 /// A token's sum from its totals (`[block parity][half]`): the two parities added, then the
 /// eight lanes in `tree8` order.
 #[inline(always)]
@@ -325,8 +312,8 @@ pub unsafe fn dot_rows_with(
                     o.copy_from_slice(&match (dot, lut.is_some()) {
                         (true, true) => run_dot::<true, $n>(p, kind, s, shift, table, a),
                         (true, false) => run_dot::<false, $n>(p, kind, s, shift, table, a),
-                        (false, true) => run::<true, $n>(p, kind, s, shift, table, a),
-                        (false, false) => run::<false, $n>(p, kind, s, shift, table, a),
+                        (false, true) => run_with::<Plain, true, $n>(p, kind, s, shift, table, a),
+                        (false, false) => run_with::<Plain, false, $n>(p, kind, s, shift, table, a),
                     })
                 }};
             }

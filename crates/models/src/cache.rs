@@ -73,6 +73,25 @@ impl KvCache {
             .sum()
     }
 
+    /// A copy of the first `n` positions (all of them for a recurrent state, which cannot be
+    /// cut: None when `n` is not its length), copying no more than those.
+    pub fn prefix(&self, n: usize) -> Option<KvCache> {
+        if n > self.len || (self.has_recurrent() && n != self.len) {
+            return None;
+        }
+        let layers = (self.layers.iter())
+            .map(|l| LayerCache {
+                k_dim: l.k_dim,
+                v_dim: l.v_dim,
+                k: l.k[..(n * l.k_dim).min(l.k.len())].to_vec(),
+                v: l.v[..(n * l.v_dim).min(l.v.len())].to_vec(),
+                recurrent: l.recurrent.clone(),
+                conv: l.conv.clone(),
+            })
+            .collect();
+        Some(KvCache { layers, len: n })
+    }
+
     /// Gives back memory reserved beyond the positions held.
     pub fn shrink_to_fit(&mut self) {
         for l in &mut self.layers {

@@ -72,8 +72,7 @@ impl PrefixCache {
         self.clock += 1;
         let e = &mut self.entries[at];
         e.used = self.clock;
-        let mut cache = e.cache.clone();
-        assert!(cache.truncate(n), "a usable prefix truncates");
+        let cache = e.cache.prefix(n).expect("a usable prefix");
         Some((cache, n))
     }
 

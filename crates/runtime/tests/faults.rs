@@ -5,7 +5,7 @@
 use strata_runtime::{
     Batch, Engine, EngineError, GenEvent, LoadOptions, Request, RequestExtras, SamplingParams,
 };
-use strata_testkit::{as_u32s, fixture, golden};
+use strata_testkit::{fixture, golden_prompts};
 
 fn load(name: &str) -> Engine {
     Engine::load(&fixture(name), &LoadOptions::default()).unwrap()
@@ -47,23 +47,13 @@ fn run_batch(engine: &Engine, requests: &[Request]) -> Vec<Result<Vec<u32>, Stri
     out
 }
 
-fn prompts(name: &str) -> Vec<Vec<u32>> {
-    let g = golden(name);
-    g["prompts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| as_u32s(&p["ids"]))
-        .collect()
-}
-
 #[test]
 fn a_failing_sequence_leaves_the_others_exactly_as_alone() {
     // One hybrid model (recurrent state restored after the failed pass) and one pure
     // attention model (KV rows rewound).
     for name in ["kimi-linear-tiny", "qwen3-moe-tiny"] {
         let mut engine = load(name);
-        let prompts = prompts(name);
+        let prompts = golden_prompts(name);
         let requests: Vec<Request> = prompts.iter().map(|p| greedy(p.clone(), 6)).collect();
         let alone: Vec<Vec<u32>> = requests
             .iter()
@@ -112,7 +102,7 @@ fn ids_the_tokenizer_cannot_decode_are_never_sampled() {
     let gap = *engine.masked_ids.last().unwrap();
     // A bias that would make the gap id the argmax at every step, greedy and sampled.
     for temperature in [0.0, 1.0] {
-        let mut r = greedy(prompts("qwen3-moe-tiny")[0].clone(), 12);
+        let mut r = greedy(golden_prompts("qwen3-moe-tiny")[0].clone(), 12);
         r.sampling.logit_bias = vec![(gap, 100.0)];
         r.sampling.temperature = temperature;
         r.sampling.seed = 3;
@@ -128,7 +118,7 @@ fn ids_the_tokenizer_cannot_decode_are_never_sampled() {
 #[test]
 fn a_panic_in_the_model_ends_the_step_with_an_error() {
     let mut engine = load("qwen3-moe-tiny");
-    let prompts = prompts("qwen3-moe-tiny");
+    let prompts = golden_prompts("qwen3-moe-tiny");
     engine.faults.panic_on_token = Some(prompts[0][0]);
     let mut batch = Batch::new(&engine);
     batch

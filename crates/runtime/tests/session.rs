@@ -4,7 +4,7 @@
 //! leaves what it holds.
 
 use strata_runtime::{Engine, GenEvent, LoadOptions, Request, SamplingParams, Session};
-use strata_testkit::{as_u32s, fixture, golden};
+use strata_testkit::{fixture, golden_prompts};
 
 fn greedy(prompt: Vec<u32>, n: usize) -> Request {
     Request {
@@ -27,21 +27,11 @@ fn scratch(engine: &Engine, prompt: &[u32], n: usize) -> Vec<u32> {
         .remove(0)
 }
 
-fn prompts(name: &str) -> Vec<Vec<u32>> {
-    let g = golden(name);
-    g["prompts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| as_u32s(&p["ids"]))
-        .collect()
-}
-
 #[test]
 fn a_turn_feeds_only_its_new_tokens_and_answers_as_from_scratch() {
     for name in ["qwen3-moe-tiny", "deepseek-v3-tiny", "kimi-linear-tiny"] {
         let engine = Engine::load(&fixture(name), &LoadOptions::default()).unwrap();
-        let ps = prompts(name);
+        let ps = golden_prompts(name);
         let (first, extra) = (&ps[0], &ps[ps.len() - 1]);
         let mut session = Session::new();
         let n = 6;
@@ -67,7 +57,7 @@ fn a_turn_feeds_only_its_new_tokens_and_answers_as_from_scratch() {
 fn a_prompt_that_leaves_the_cache_rewinds_it_or_starts_over() {
     for (name, recurrent) in [("qwen3-moe-tiny", false), ("kimi-linear-tiny", true)] {
         let engine = Engine::load(&fixture(name), &LoadOptions::default()).unwrap();
-        let ps = prompts(name);
+        let ps = golden_prompts(name);
         let mut session = Session::new();
         engine
             .generate_in(&mut session, &greedy(ps[0].clone(), 4), |_| true, |_, _| {})
@@ -95,7 +85,7 @@ fn a_prompt_that_leaves_the_cache_rewinds_it_or_starts_over() {
 #[test]
 fn a_stopped_answer_is_kept_as_far_as_it_went() {
     let engine = Engine::load(&fixture("qwen3-moe-tiny"), &LoadOptions::default()).unwrap();
-    let ps = prompts("qwen3-moe-tiny");
+    let ps = golden_prompts("qwen3-moe-tiny");
     let mut session = Session::new();
     let mut seen = 0;
     let t = engine
@@ -137,7 +127,7 @@ fn a_prompt_fed_over_several_steps_tells_its_progress() {
         ..Default::default()
     };
     let engine = Engine::load(&fixture("qwen3-moe-tiny"), &options).unwrap();
-    let ps = prompts("qwen3-moe-tiny");
+    let ps = golden_prompts("qwen3-moe-tiny");
     let long = ps.iter().max_by_key(|p| p.len()).unwrap();
     let mut told = Vec::new();
     let mut session = Session::new();

@@ -2,7 +2,7 @@
 //! Kimi-style tiktoken layout in `fixtures/tokenizers/`), streamed one token at a time through
 //! the detokenizer (special tokens kept) and the output parser, as the server does.
 
-use strata_server::parse::{OutputParser, Piece, ToolFormat};
+use strata_server::parse::{parse_all, OutputParser, ToolFormat};
 use strata_testkit::fixture;
 use strata_tokenizer::{StreamDecoder, Tokenizer};
 
@@ -11,24 +11,13 @@ fn stream_parse(tok: &Tokenizer, format: ToolFormat, text: &str) -> (String, Str
     assert!(ids.len() > 5, "{text}");
     let mut decoder = StreamDecoder::new(false);
     let mut parser = OutputParser::new(Some(format), false, vec![]);
-    let mut pieces = Vec::new();
+    let mut deltas: Vec<String> = Vec::new();
     for id in ids {
-        if let Some(delta) = decoder.push(tok, id).unwrap() {
-            pieces.extend(parser.push(&delta));
-        }
+        deltas.extend(decoder.push(tok, id).unwrap());
     }
-    if let Some(rest) = decoder.flush(tok).unwrap() {
-        pieces.extend(parser.push(&rest));
-    }
-    let (rest, calls) = parser.finish();
-    pieces.extend(rest);
-    let (mut content, mut reasoning) = (String::new(), String::new());
-    for p in pieces {
-        match p {
-            Piece::Content(s) => content.push_str(&s),
-            Piece::Reasoning(s) => reasoning.push_str(&s),
-        }
-    }
+    deltas.extend(decoder.flush(tok).unwrap());
+    let chunks: Vec<&str> = deltas.iter().map(String::as_str).collect();
+    let (content, reasoning, calls) = parse_all(&mut parser, &chunks);
     (
         content,
         reasoning,

@@ -49,6 +49,13 @@ pub fn golden(name: &str) -> Value {
     read_json(&fixture(name).join("golden.json"))
 }
 
+/// The token ids of a fixture's golden prompts.
+pub fn golden_prompts(name: &str) -> Vec<Vec<u32>> {
+    let g = golden(name);
+    let prompts = g["prompts"].as_array().expect("golden prompts");
+    prompts.iter().map(|p| as_u32s(&p["ids"])).collect()
+}
+
 pub fn as_u32s(v: &Value) -> Vec<u32> {
     v.as_array()
         .expect("array of ids")
