@@ -79,6 +79,23 @@ impl KvCache {
         if n > self.len || (self.has_recurrent() && n != self.len) {
             return None;
         }
+        Some(self.copy_prefix(n))
+    }
+
+    /// A copy of the first `n` positions whose recurrent state is `saved`, what
+    /// [`KvCache::save_recurrent`] gave when this cache held those `n` positions (a state kept
+    /// as it was fed); None when `n` is beyond it or `saved` is not such a state's size.
+    pub fn prefix_with(&self, n: usize, saved: &[f32]) -> Option<KvCache> {
+        let size: usize = self.layers.iter().map(|l| l.recurrent.len() + l.conv.len()).sum();
+        if n > self.len || saved.len() != size {
+            return None;
+        }
+        let mut c = self.copy_prefix(n);
+        c.restore_recurrent(saved);
+        Some(c)
+    }
+
+    fn copy_prefix(&self, n: usize) -> KvCache {
         let layers = (self.layers.iter())
             .map(|l| LayerCache {
                 k_dim: l.k_dim,
@@ -89,7 +106,7 @@ impl KvCache {
                 conv: l.conv.clone(),
             })
             .collect();
-        Some(KvCache { layers, len: n })
+        KvCache { layers, len: n }
     }
 
     /// Gives back memory reserved beyond the positions held.

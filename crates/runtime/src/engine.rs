@@ -57,6 +57,15 @@ pub enum EngineError {
     },
 }
 
+/// See [`Engine::state_key`].
+fn state_key(dir: &Path, ckpt: &strata_formats::Checkpoint, spine: crate::SpineFormat) -> String {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    h.update(crate::int8_spine::identity(ckpt).as_bytes());
+    h.update(&std::fs::read(dir.join("config.json")).unwrap_or_default());
+    h.update(format!("{spine:?} {}", strata_kernels::isa::isa().name()).as_bytes());
+    format!("{:016x}", h.digest())
+}
+
 fn gib(b: usize) -> String {
     format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
 }
@@ -203,6 +212,9 @@ pub struct Engine {
     /// The INT8 spine's sidecar (`--spine-format int8`): what this load read from it and
     /// converted.
     pub int8: Option<Arc<Int8Sidecar>>,
+    /// What a sequence's decoding state depends on (the checkpoint's identity, its config, the
+    /// spine format and the kernels), as a hex key: states kept on disk are filed under it.
+    pub state_key: String,
     /// The vocabulary for structured output, built at its first use.
     guidance: std::sync::OnceLock<Result<Arc<crate::Guidance>, String>>,
 }
@@ -255,6 +267,7 @@ impl Engine {
                 memory.resident as u64,
             ))
         });
+        let state_key = state_key(dir, &ckpt, options.spine_format);
         let ckpt = ckpt.with_int8_spine(int8.clone().map(|s| s as Arc<dyn strata_formats::Int8Spine>));
         if ckpt.source().is_some() {
             crate::loading::fetch_resident(&cfg, &ckpt, progress)?;
@@ -337,6 +350,7 @@ impl Engine {
             masked_ids,
             faults: crate::Faults::from_env(),
             int8,
+            state_key,
             guidance: std::sync::OnceLock::new(),
         })
     }

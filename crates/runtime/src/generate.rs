@@ -98,10 +98,10 @@ pub struct Batch<'e> {
     kept: Vec<SeqState>,
     /// Told (id, prompt tokens in, of all) after each step that leaves part of a prompt to feed.
     prefill_progress: Option<PrefillProgress<'e>>,
-    /// Whether a recurrent state is copied when its prompt is all in (for a prefix cache: such a
-    /// state cannot be cut back to its prompt later), and the copies not yet taken.
-    snapshot_prompts: bool,
-    snapshots: Vec<(Vec<u32>, strata_models::KvCache)>,
+    /// Whether a recurrent state is copied as its prompt is fed (for a prefix cache: such a
+    /// state cannot be cut back later), at every multiple of the prefill chunk and where the
+    /// prompt ends.
+    mark_prompts: bool,
 }
 
 /// `f(id, prompt tokens in, of all)`.
@@ -132,19 +132,15 @@ impl<'e> Batch<'e> {
             keep: Vec::new(),
             kept: Vec::new(),
             prefill_progress: None,
-            snapshot_prompts: false,
-            snapshots: Vec::new(),
+            mark_prompts: false,
         }
     }
 
-    /// Copy each recurrent state when its prompt is all in ([`Batch::take_snapshots`]).
-    pub fn snapshot_prompts(&mut self, on: bool) {
-        self.snapshot_prompts = on;
-    }
-
-    /// The (prompt, state) copies made since the last call.
-    pub fn take_snapshots(&mut self) -> Vec<(Vec<u32>, strata_models::KvCache)> {
-        std::mem::take(&mut self.snapshots)
+    /// Copy each recurrent state as its prompt is fed, at every multiple of the prefill chunk
+    /// (where a prompt's chunks then end) and where the prompt ends: the [`Mark`](crate::Mark)s
+    /// of what [`Batch::take_kept`] gives, where a later request can resume.
+    pub fn mark_prompts(&mut self, on: bool) {
+        self.mark_prompts = on;
     }
 
     /// `f(id, done, total)` after each step that leaves part of a sequence's prompt to feed
@@ -185,38 +181,50 @@ impl<'e> Batch<'e> {
         Ok(Some(crate::guided::Guided(m)))
     }
 
-    /// Adds a sequence whose `cache` holds the first `reused` tokens of its prompt (fewer than
-    /// all of them), and keeps its state when it leaves for [`Batch::take_kept`].
+    /// Adds a sequence whose cache holds the first tokens of its prompt (fewer than all of
+    /// them), and keeps its state when it leaves for [`Batch::take_kept`].
     pub fn add_resumed(
         &mut self,
         id: u64,
         request: Request,
         extras: RequestExtras,
-        cache: strata_models::KvCache,
-        reused: usize,
+        resume: crate::Resume,
     ) -> Result<(), EngineError> {
         self.engine.check(&request)?;
-        assert!(reused < request.prompt.len() && cache.len == reused);
+        assert!(resume.cache.len < request.prompt.len());
         let guided = self.guided(&extras)?;
-        let mut s = SeqState::resume(self.engine, id, request, extras, cache, reused);
+        let mut s = SeqState::resume(self.engine, id, request, extras, resume);
         s.guided = guided;
         self.seqs.push(s);
         self.keep.push(id);
         Ok(())
     }
 
-    /// The cache of a sequence added with [`Batch::add_resumed`] that has left, and the tokens
-    /// it holds; None while it runs, or when it failed (its cache may hold part of a pass).
-    pub fn take_kept(&mut self, id: u64) -> Option<(strata_models::KvCache, Vec<u32>)> {
+    /// The state of a sequence added with [`Batch::add_resumed`] that has left (finished or
+    /// cancelled): its cache, the tokens it holds and its marks; None while it runs, or when it
+    /// failed (its cache may hold part of a pass).
+    pub fn take_kept(&mut self, id: u64) -> Option<crate::Snapshot> {
         let at = self.kept.iter().position(|s| s.id == id)?;
         let s = self.kept.swap_remove(at);
         let tokens = s.cached_tokens();
-        Some((s.cache, tokens))
+        Some(crate::Snapshot {
+            tokens,
+            cache: s.cache,
+            marks: s.marks,
+        })
     }
 
-    /// Drops a sequence (its consumer went away).
+    /// Drops a sequence (its consumer went away); its state is kept as when it finishes.
     pub fn cancel(&mut self, id: u64) {
-        self.seqs.retain(|s| s.id != id);
+        if let Some(at) = self.seqs.iter().position(|s| s.id == id) {
+            let s = self.seqs.remove(at);
+            if let Some(k) = self.keep.iter().position(|&k| k == id) {
+                self.keep.swap_remove(k);
+                if !s.failed {
+                    self.kept.push(s);
+                }
+            }
+        }
         self.held.retain(|&h| h != id);
         self.keep.retain(|&k| k != id);
     }
@@ -313,15 +321,17 @@ impl<'e> Batch<'e> {
             }
         };
         s.pending.drain(..feed.tokens);
+        let chunk = engine.memory.prefill_chunk.max(1);
+        let prompt_end = s.generated.is_empty() && s.pending.is_empty();
+        if self.mark_prompts && s.generated.is_empty() && (s.cache.len.is_multiple_of(chunk) || prompt_end) {
+            s.mark();
+        }
         if !s.pending.is_empty() {
             if let Some(progress) = &mut self.prefill_progress {
                 let total = s.request.prompt.len();
                 progress(s.id, total - s.pending.len(), total);
             }
             return false; // more of the prompt to come
-        }
-        if self.snapshot_prompts && s.generated.is_empty() && s.cache.has_recurrent() {
-            self.snapshots.push((s.request.prompt.clone(), s.cache.clone()));
         }
         let id = s.id;
         match catch_unwind(AssertUnwindSafe(|| s.advance(engine, logits, on_event))) {
@@ -345,8 +355,9 @@ impl<'e> Batch<'e> {
     }
 
     /// What each sequence feeds this step: every decoding sequence its one token; prompts a
-    /// chunk of `prefill_chunk` tokens (the last one shorter), in the order they joined, while
-    /// the step's prompt tokens stay within one chunk (the first prompt always gets its chunk).
+    /// chunk of `prefill_chunk` tokens (the last one shorter; when prompts are marked, a
+    /// prompt's chunks end at multiples of it), in the order they joined, while the step's
+    /// prompt tokens stay within one chunk (the first prompt always gets its chunk).
     fn feeds(&self) -> Vec<Feed> {
         let chunk = self.engine.memory.prefill_chunk.max(1);
         let mut prompt_tokens = 0;
@@ -359,7 +370,12 @@ impl<'e> Batch<'e> {
                 feeds.push(Feed { seq: i, tokens: 1 });
                 continue;
             }
-            let n = s.pending.len().min(chunk);
+            let room = if self.mark_prompts && s.cache.has_recurrent() {
+                chunk - s.cache.len % chunk
+            } else {
+                chunk
+            };
+            let n = s.pending.len().min(room);
             if prompt_tokens > 0 && prompt_tokens + n > chunk {
                 continue;
             }

@@ -82,7 +82,7 @@ impl Drop for Locked<'_> {
 }
 
 /// The checkpoint's identity, as a hex key.
-fn identity(ckpt: &Checkpoint) -> String {
+pub(crate) fn identity(ckpt: &Checkpoint) -> String {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
     h.update(VERSION.as_bytes());
     for s in 0..ckpt.n_shards() {

@@ -26,6 +26,8 @@ pub(crate) struct SeqState {
     pub failed: bool,
     /// The grammar its output must match.
     pub(crate) guided: Option<crate::guided::Guided>,
+    /// Copies of its recurrent state as its prompt was fed (see [`crate::Batch::mark_prompts`]).
+    pub marks: Vec<crate::Mark>,
 }
 
 /// log-softmax of `logits` at `id` and the `k` most likely tokens (masked ones never among them).
@@ -53,20 +55,25 @@ pub(crate) fn logprobs_of(logits: &[f32], id: u32, k: usize) -> TokenLogprobs {
 
 impl SeqState {
     pub fn new(engine: &Engine, id: u64, request: Request, extras: RequestExtras) -> SeqState {
-        SeqState::resume(engine, id, request, extras, engine.new_cache(), 0)
+        let resume = crate::Resume {
+            cache: engine.new_cache(),
+            marks: Vec::new(),
+        };
+        SeqState::resume(engine, id, request, extras, resume)
     }
 
-    /// A sequence whose `cache` already holds the first `reused` tokens of its prompt (a
-    /// conversation's earlier turns): only the rest is fed.
+    /// A sequence whose cache already holds the first tokens of its prompt (a conversation's
+    /// earlier turns): only the rest is fed.
     pub fn resume(
         engine: &Engine,
         id: u64,
         request: Request,
         extras: RequestExtras,
-        mut cache: KvCache,
-        reused: usize,
+        resume: crate::Resume,
     ) -> SeqState {
-        debug_assert!(reused < request.prompt.len() && cache.len == reused);
+        let crate::Resume { mut cache, marks } = resume;
+        let reused = cache.len;
+        debug_assert!(reused < request.prompt.len());
         cache.reserve(engine.positions(&request));
         SeqState {
             id,
@@ -81,6 +88,17 @@ impl SeqState {
             extras,
             failed: false,
             guided: None,
+            marks,
+        }
+    }
+
+    /// Keeps a copy of its recurrent state where it stands (none without one).
+    pub fn mark(&mut self) {
+        let at = self.cache.len;
+        if self.cache.has_recurrent() && self.marks.last().is_none_or(|m| m.at < at) {
+            let mut state = Vec::new();
+            self.cache.save_recurrent(&mut state);
+            self.marks.push(crate::Mark { at, state });
         }
     }
 

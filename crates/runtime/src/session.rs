@@ -3,16 +3,16 @@
 //! common prefix of the two) are not fed again, so a turn processes only its new tokens. The
 //! logits are those of feeding the whole prompt at once (the kernels and attention give a
 //! token the same bits however the tokens are grouped), so greedy answers are the same as
-//! `strata run` on the same conversation.
+//! `strata run` on the same conversation. A recurrent state cannot be rewound, so it resumes
+//! at the latest copy of it kept as the prompt was fed ([`crate::Mark`]) within the common
+//! prefix.
 
-use strata_models::KvCache;
+use crate::{Batch, Engine, EngineError, FinishReason, GenEvent, Request, RequestExtras, Resume, Snapshot};
 
-use crate::{Batch, Engine, EngineError, FinishReason, GenEvent, Request, RequestExtras};
-
-/// The cache of a conversation and the tokens it holds.
+/// The cache of a conversation, the tokens it holds and its marks.
 #[derive(Default)]
 pub struct Session {
-    state: Option<(KvCache, Vec<u32>)>,
+    state: Option<Snapshot>,
 }
 
 /// What one turn did.
@@ -39,7 +39,7 @@ impl Session {
 
     /// Tokens the cache holds.
     pub fn len(&self) -> usize {
-        self.state.as_ref().map_or(0, |(_, t)| t.len())
+        self.state.as_ref().map_or(0, |s| s.tokens.len())
     }
 
     pub fn is_empty(&self) -> bool {
@@ -48,18 +48,16 @@ impl Session {
 
     /// The cache to continue from for `prompt` and how many of its first tokens it holds
     /// (always fewer than all: the last one is fed for its logits).
-    fn resume_for(&mut self, engine: &Engine, prompt: &[u32]) -> (KvCache, usize) {
-        let Some((mut cache, tokens)) = self.state.take() else {
-            return (engine.new_cache(), 0);
+    fn resume_for(&mut self, engine: &Engine, prompt: &[u32]) -> Resume {
+        let fresh = || Resume {
+            cache: engine.new_cache(),
+            marks: Vec::new(),
         };
-        let common = tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
-        let keep = common.min(prompt.len().saturating_sub(1));
-        // A recurrent state rewinds only to empty.
-        if cache.truncate(keep) {
-            (cache, keep)
-        } else {
-            (engine.new_cache(), 0)
-        }
+        let Some(state) = self.state.take() else {
+            return fresh();
+        };
+        let n = state.usable(prompt, prompt.len().saturating_sub(1));
+        state.into_resume(n).unwrap_or_else(fresh)
     }
 }
 
@@ -77,10 +75,12 @@ impl Engine {
         mut on_prefill: impl FnMut(usize, usize),
     ) -> Result<Turn, EngineError> {
         self.check(request)?;
-        let (cache, reused) = session.resume_for(self, &request.prompt);
+        let resume = session.resume_for(self, &request.prompt);
+        let reused = resume.cache.len;
         let mut batch = Batch::new(self);
+        batch.mark_prompts(true);
         batch.on_prefill(move |_, done, total| on_prefill(done, total));
-        batch.add_resumed(0, request.clone(), RequestExtras::default(), cache, reused)?;
+        batch.add_resumed(0, request.clone(), RequestExtras::default(), resume)?;
         let mut generated = Vec::new();
         let (mut finish, mut failed) = (None, None);
         while !batch.is_empty() {

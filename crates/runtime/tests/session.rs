@@ -1,7 +1,7 @@
 //! A conversation's cache kept between turns (`Session`): a turn feeds only what its cache does
 //! not hold, and answers exactly as the same prompt from an empty cache does; a stopped answer
-//! is kept as far as it went; a recurrent model, which cannot rewind, starts over when a prompt
-//! leaves what it holds.
+//! is kept as far as it went; a recurrent model, which cannot rewind, resumes at the latest
+//! copy of its state kept as its prompt was fed (each prefill chunk's end, the prompt's end).
 
 use strata_runtime::{Engine, GenEvent, LoadOptions, Request, SamplingParams, Session};
 use strata_testkit::{fixture, golden_prompts};
@@ -54,30 +54,42 @@ fn a_turn_feeds_only_its_new_tokens_and_answers_as_from_scratch() {
 }
 
 #[test]
-fn a_prompt_that_leaves_the_cache_rewinds_it_or_starts_over() {
+fn a_prompt_that_leaves_the_cache_rewinds_it_or_resumes_at_a_mark() {
     for (name, recurrent) in [("qwen3-moe-tiny", false), ("kimi-linear-tiny", true)] {
-        let engine = Engine::load(&fixture(name), &LoadOptions::default()).unwrap();
         let ps = golden_prompts(name);
+        let first = ps.iter().max_by_key(|p| p.len()).unwrap().clone();
+        let half = first.len() / 2;
+        // Chunks that end within the shared half, so a recurrent state has a mark there.
+        let chunk = (half / 2).max(1);
+        let options = LoadOptions {
+            prefill_chunk: Some(chunk),
+            ..Default::default()
+        };
+        let engine = Engine::load(&fixture(name), &options).unwrap();
+        // Where a state resumes within `common` tokens: anywhere, or a chunk's end.
+        let at = |common: usize| if recurrent { common / chunk * chunk } else { common };
         let mut session = Session::new();
         engine
-            .generate_in(&mut session, &greedy(ps[0].clone(), 4), |_| true, |_, _| {})
+            .generate_in(&mut session, &greedy(first.clone(), 4), |_| true, |_, _| {})
             .unwrap();
         // The same first half, then something else.
-        let half = ps[0].len() / 2;
-        let other: Vec<u32> = ps[0][..half].iter().chain(&ps[1]).copied().collect();
+        assert!(at(half) > 0, "{name}: a prompt too short to test");
+        let then = ps
+            .iter()
+            .find(|p| p[0] != first[half])
+            .expect("a prompt that leaves");
+        let other: Vec<u32> = first[..half].iter().chain(then).copied().collect();
         let t = engine
             .generate_in(&mut session, &greedy(other.clone(), 5), |_| true, |_, _| {})
             .unwrap();
-        let want_reused = if recurrent { 0 } else { half };
-        assert_eq!(t.reused, want_reused, "{name}");
+        assert_eq!(t.reused, at(half), "{name}");
         assert_eq!(t.generated, scratch(&engine, &other, 5), "{name}");
         // The whole prompt again: all but its last token reused (the cache holds the answer
-        // too: a recurrent state cannot drop it, so starts over), the same answer.
+        // too: a recurrent state cannot drop it, so resumes at a chunk's end), the same answer.
         let again = engine
             .generate_in(&mut session, &greedy(other.clone(), 5), |_| true, |_, _| {})
             .unwrap();
-        let want_reused = if recurrent { 0 } else { other.len() - 1 };
-        assert_eq!(again.reused, want_reused, "{name}");
+        assert_eq!(again.reused, at(other.len() - 1), "{name}");
         assert_eq!(again.generated, t.generated, "{name}");
     }
 }

@@ -72,6 +72,8 @@ pub struct ServeOptions {
     pub access: Access,
     /// Connections, timeouts.
     pub limits: Limits,
+    /// The prefix cache's disk tier (`--prefix-cache-dir`): its folder and byte budget.
+    pub prefix_disk: Option<(std::path::PathBuf, u64)>,
 }
 
 impl ServeOptions {
@@ -93,6 +95,7 @@ impl ServeOptions {
             body_limit: DEFAULT_BODY_LIMIT,
             access: Access::default(),
             limits: Limits::default(),
+            prefix_disk: None,
         }
     }
 }
@@ -112,17 +115,41 @@ pub(crate) fn now() -> u64 {
         .unwrap_or(0)
 }
 
-/// The routes over a loaded engine (the engine thread starts here), and the engine's health.
-pub fn router(engine: Arc<Engine>, options: ServeOptions) -> (Router, scheduler::EngineHealth) {
+/// The routes over a loaded engine (the engine thread starts here), the engine's health, and
+/// the scheduler (a stop waits for its disk writes). Err: the prefix cache's folder cannot be
+/// used.
+pub fn router(
+    engine: Arc<Engine>,
+    options: ServeOptions,
+) -> anyhow::Result<(Router, scheduler::EngineHealth, Scheduler)> {
     let metrics = Arc::new(Metrics::default());
+    let prefix_disk = match &options.prefix_disk {
+        Some((dir, bytes)) => {
+            let template = engine.new_cache();
+            let disk = strata_runtime::PrefixDisk::open(dir, &engine.state_key, *bytes, &template)
+                .map_err(|e| anyhow::anyhow!("--prefix-cache-dir: {e}"))?;
+            let s = disk.stats();
+            eprintln!(
+                "[strata] prefix cache on disk: {} ({} states, {:.1} MiB of {:.1} GiB)",
+                dir.join(&engine.state_key).display(),
+                s.entries,
+                s.bytes as f64 / (1u64 << 20) as f64,
+                *bytes as f64 / (1u64 << 30) as f64
+            );
+            Some(disk)
+        }
+        None => None,
+    };
     let scheduler = Scheduler::start(
         engine.clone(),
         options.max_concurrent,
         options.max_queued,
         metrics.clone(),
+        prefix_disk,
     );
     let body_limit = options.body_limit;
     let engine_health = scheduler.health.clone();
+    let flush_with = scheduler.clone();
     let state = Arc::new(AppState {
         engine,
         options,
@@ -151,7 +178,7 @@ pub fn router(engine: Arc<Engine>, options: ServeOptions) -> (Router, scheduler:
         .layer(middleware::from_fn_with_state(state.clone(), guard::access))
         .layer(middleware::from_fn(access::log))
         .with_state(state);
-    (app, engine_health)
+    Ok((app, engine_health, flush_with))
 }
 
 /// Serves until Ctrl-C, on a runtime of its own.
@@ -164,7 +191,7 @@ pub fn serve_blocking(engine: Arc<Engine>, options: ServeOptions) -> anyhow::Res
         .block_on(serve(engine, options))
 }
 
-/// Serves until Ctrl-C (Ok) or until the engine thread stops (Err, with its reason).
+/// Serves until Ctrl-C or SIGTERM (Ok) or until the engine thread stops (Err, with its reason).
 pub async fn serve(engine: Arc<Engine>, options: ServeOptions) -> anyhow::Result<()> {
     let addr = options.addr;
     if !addr.ip().is_loopback() && options.api_key.is_none() {
@@ -173,7 +200,7 @@ pub async fn serve(engine: Arc<Engine>, options: ServeOptions) -> anyhow::Result
         );
     }
     let limits = options.limits.clone();
-    let (app, health) = router(engine, options);
+    let (app, health, scheduler) = router(engine, options)?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
@@ -183,6 +210,7 @@ pub async fn serve(engine: Arc<Engine>, options: ServeOptions) -> anyhow::Result
     listen::serve(listener, app, limits, async {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
+            _ = terminated() => {}
             reason = engine_stopped => {
                 eprintln!("[strata] the engine stopped ({reason}); shutting down");
                 *stopped.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason);
@@ -190,11 +218,29 @@ pub async fn serve(engine: Arc<Engine>, options: ServeOptions) -> anyhow::Result
         }
     })
     .await?;
+    // The states being written when the stop came (a conversation's last turn).
+    let limit = std::time::Duration::from_secs(30);
+    if !tokio::task::spawn_blocking(move || scheduler.flush(limit))
+        .await
+        .unwrap_or(true)
+    {
+        eprintln!("[strata] the prefix cache's disk writes did not end within 30 s; stopping without them");
+    }
     let reason = stopped.into_inner().unwrap_or_else(|e| e.into_inner());
     match reason {
         Some(reason) => anyhow::bail!("the engine stopped: {reason}"),
         None => Ok(()),
     }
+}
+
+/// Resolves at SIGTERM (a service manager's or container's stop), never where there is none.
+async fn terminated() {
+    #[cfg(unix)]
+    if let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        term.recv().await;
+        return;
+    }
+    std::future::pending::<()>().await
 }
 
 fn model_card(state: &AppState, name: &str) -> serde_json::Value {

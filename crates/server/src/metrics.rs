@@ -24,6 +24,8 @@ pub struct Metrics {
     pub prefix_tokens: AtomicU64,
     /// Bytes the prefix cache holds.
     pub prefix_bytes: AtomicU64,
+    pub prefix_disk_bytes: AtomicU64,
+    pub prefix_disk_hits: AtomicU64,
     /// (sum seconds, count) of time to first token.
     ttft: Mutex<(f64, u64)>,
     /// (busy seconds, tokens) of decode steps.
@@ -123,6 +125,18 @@ impl Metrics {
             "gauge",
             "Bytes of decoding state the prefix cache holds (--prefix-cache bounds it).",
             get(&self.prefix_bytes),
+        );
+        metric(
+            "prefix_cache_disk_bytes",
+            "gauge",
+            "Bytes of decoding state the prefix cache's disk tier holds (--prefix-cache-disk bounds it).",
+            get(&self.prefix_disk_bytes),
+        );
+        metric(
+            "prefix_cache_disk_hits_total",
+            "counter",
+            "Sequences that began from a state read back from the prefix cache's disk tier.",
+            get(&self.prefix_disk_hits),
         );
         metric(
             "state_positions_total",

@@ -162,10 +162,18 @@ impl Drop for StopGuard {
     }
 }
 
+/// What the engine thread is handed.
+enum Work {
+    Job(Box<Job>),
+    /// Answered once the prefix cache's disk writes asked for so far are done (after the step
+    /// under way, whose finished sequences' states are then asked for).
+    Flush(std::sync::mpsc::Sender<()>),
+}
+
 /// The handle the HTTP side holds.
 #[derive(Clone)]
 pub struct Scheduler {
-    jobs: std::sync::mpsc::Sender<Job>,
+    jobs: std::sync::mpsc::Sender<Work>,
     /// Sequences queued or running.
     pub load: Arc<AtomicUsize>,
     pub max_concurrent: usize,
@@ -179,8 +187,9 @@ impl Scheduler {
         max_concurrent: usize,
         max_queued: usize,
         metrics: Arc<Metrics>,
+        prefix_disk: Option<strata_runtime::PrefixDisk>,
     ) -> Scheduler {
-        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        let (tx, rx) = std::sync::mpsc::channel::<Work>();
         let load = Arc::new(AtomicUsize::new(0));
         let (health_tx, health_rx) = watch::channel(None);
         let max_concurrent = max_concurrent.max(1);
@@ -193,12 +202,13 @@ impl Scheduler {
                     reason: None,
                 };
                 let mut batch = Batch::new(&engine);
-                batch.snapshot_prompts(true);
+                batch.mark_prompts(true);
                 let mut engine_thread = EngineThread {
                     engine: &engine,
                     health: guard.tx.clone(),
                     batch,
-                    prefix: strata_runtime::PrefixCache::new(engine.memory.prefix_cache),
+                    prefix: strata_runtime::PrefixCache::new(engine.memory.prefix_cache)
+                        .with_disk(prefix_disk),
                     queue: VecDeque::new(),
                     running: Vec::new(),
                     reserved: 0,
@@ -230,12 +240,23 @@ impl Scheduler {
 
     /// Hands a reserved sequence to the engine.
     pub fn submit(&self, job: Job) {
-        if let Err(e) = self.jobs.send(job) {
+        if let Err(std::sync::mpsc::SendError(Work::Job(job))) = self.jobs.send(Work::Job(Box::new(job))) {
             self.load.fetch_sub(1, Ordering::SeqCst);
-            let _ =
-                e.0.events
-                    .send((e.0.index, Event::Error("the engine thread has stopped".into())));
+            let _ = (job.events).send((job.index, Event::Error("the engine thread has stopped".into())));
         }
+    }
+
+    /// Waits (at most `limit`) until the engine thread has ended its step under way and the
+    /// prefix cache has written what it asked to keep on disk; false when the limit passed.
+    pub fn flush(&self, limit: std::time::Duration) -> bool {
+        let (done, wait) = std::sync::mpsc::channel();
+        if self.jobs.send(Work::Flush(done)).is_err() {
+            return true; // the engine thread has stopped: nothing is written any more
+        }
+        !matches!(
+            wait.recv_timeout(limit),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+        )
     }
 }
 
@@ -270,17 +291,17 @@ struct EngineThread<'e> {
 
 impl EngineThread<'_> {
     /// Steps until every sender is gone or the model panics; returns why it stopped.
-    fn run(&mut self, jobs: std::sync::mpsc::Receiver<Job>) -> String {
+    fn run(&mut self, jobs: std::sync::mpsc::Receiver<Work>) -> String {
         loop {
             // Wait for work when idle; otherwise take what has arrived.
             if self.batch.is_empty() && self.queue.is_empty() {
                 match jobs.recv() {
-                    Ok(job) => self.queue.push_back((job, Instant::now())),
+                    Ok(work) => self.take(work),
                     Err(_) => return "the server closed".into(),
                 }
             }
-            while let Ok(job) = jobs.try_recv() {
-                self.queue.push_back((job, Instant::now()));
+            while let Ok(work) = jobs.try_recv() {
+                self.take(work);
             }
             self.drop_departed();
             self.admit();
@@ -301,8 +322,8 @@ impl EngineThread<'_> {
             }
             if self.batch.all_held() {
                 // Every consumer is behind: wait for them (or for new work) without spinning.
-                if let Ok(job) = jobs.recv_timeout(std::time::Duration::from_millis(5)) {
-                    self.queue.push_back((job, Instant::now()));
+                if let Ok(work) = jobs.recv_timeout(std::time::Duration::from_millis(5)) {
+                    self.take(work);
                 }
                 continue;
             }
@@ -319,6 +340,16 @@ impl EngineThread<'_> {
             self.metrics
                 .reserved_positions
                 .store(self.reserved as u64, Ordering::Relaxed);
+        }
+    }
+
+    fn take(&mut self, work: Work) {
+        match work {
+            Work::Job(job) => self.queue.push_back((*job, Instant::now())),
+            Work::Flush(done) => {
+                self.prefix.flush();
+                let _ = done.send(());
+            }
         }
     }
 
@@ -367,9 +398,15 @@ impl EngineThread<'_> {
                 continue;
             }
             let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-            let (cache, reused) =
-                (self.prefix.lookup(&job.request.prompt)).unwrap_or_else(|| (self.engine.new_cache(), 0));
-            match self.batch.add_resumed(id, job.request, job.extras, cache, reused) {
+            let resume = self
+                .prefix
+                .lookup(&job.request.prompt)
+                .unwrap_or_else(|| strata_runtime::Resume {
+                    cache: self.engine.new_cache(),
+                    marks: Vec::new(),
+                });
+            let reused = resume.cache.len;
+            match self.batch.add_resumed(id, job.request, job.extras, resume) {
                 Ok(()) => {
                     if reused > 0 {
                         self.metrics.prefix_hits.fetch_add(1, Ordering::Relaxed);
@@ -464,21 +501,23 @@ impl EngineThread<'_> {
             self.batch.cancel(id);
             self.release(id);
             // What it leaves in its cache, for requests that begin the same way.
-            if let Some((cache, tokens)) = self.batch.take_kept(id) {
-                self.prefix.insert(tokens, cache);
+            if let Some(snapshot) = self.batch.take_kept(id) {
+                self.prefix.insert(snapshot);
             }
-        }
-        for (tokens, cache) in self.batch.take_snapshots() {
-            self.prefix.insert(tokens, cache);
         }
         self.metrics
             .prefix_bytes
             .store(self.prefix.bytes() as u64, Ordering::Relaxed);
+        if let Some(disk) = self.prefix.disk_stats() {
+            let m = self.metrics;
+            m.prefix_disk_bytes.store(disk.bytes, Ordering::Relaxed);
+            m.prefix_disk_hits.store(disk.hits, Ordering::Relaxed);
+        }
         Ok(())
     }
 
     /// The model panicked: every running, queued and arriving sequence gets the error.
-    fn fail_everything(&mut self, reason: &str, jobs: std::sync::mpsc::Receiver<Job>) {
+    fn fail_everything(&mut self, reason: &str, jobs: std::sync::mpsc::Receiver<Work>) {
         let message = format!("the engine stopped: {reason}");
         for r in self.running.drain(..) {
             let _ = r.events.send((r.index, Event::Error(message.clone())));

@@ -70,6 +70,13 @@ pub struct ServeArgs {
     /// 1/16 of --mem) or `off`.
     #[arg(long, value_name = "SIZE|auto|off", default_value = "auto", value_parser = parse_prefix_cache)]
     prefix_cache: strata_runtime::PrefixCacheSize,
+    /// Also keep the prefix cache's states on disk, in this folder: they outlast the memory
+    /// tier's evictions and restarts (files are per model; broken ones are removed).
+    #[arg(long, value_name = "DIR")]
+    prefix_cache_dir: Option<std::path::PathBuf>,
+    /// Bytes the prefix cache may take in --prefix-cache-dir (least recently used go first).
+    #[arg(long, value_name = "SIZE", default_value = "10G", value_parser = strata_runtime::parse_size)]
+    prefix_cache_disk: usize,
 }
 
 fn parse_prefix_cache(text: &str) -> Result<strata_runtime::PrefixCacheSize, String> {
@@ -94,6 +101,9 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         body_timeout: seconds("body-timeout", args.body_timeout)?,
         stall_timeout: seconds("stall-timeout", args.stall_timeout)?,
     };
+    if args.prefix_cache_dir.is_some() && args.prefix_cache == strata_runtime::PrefixCacheSize::Off {
+        anyhow::bail!("--prefix-cache-dir needs the prefix cache: drop --prefix-cache off");
+    }
     let mut load = args.mem.load_options();
     load.sequences = args.max_concurrent.max(1);
     load.prefix_cache = args.prefix_cache;
@@ -115,6 +125,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
             origins: args.allowed_origin,
         },
         limits,
+        prefix_disk: (args.prefix_cache_dir.map(|d| (d, args.prefix_cache_disk as u64))),
         ..ServeOptions::new(SocketAddr::new(args.host, args.port), name)
     };
     strata_server::serve_blocking(Arc::new(engine), options)
