@@ -22,6 +22,7 @@ import argparse
 import json
 import re
 import struct
+import math
 import sys
 from pathlib import Path
 
@@ -36,6 +37,10 @@ ARCHES = {
     "mixtral": gguf.MODEL_ARCH.LLAMA,
     "deepseek_v3": gguf.MODEL_ARCH.DEEPSEEK2,
     "kimi_k2": gguf.MODEL_ARCH.DEEPSEEK2,
+    "llama": gguf.MODEL_ARCH.LLAMA,
+    "mistral": gguf.MODEL_ARCH.LLAMA,
+    "qwen2": gguf.MODEL_ARCH.QWEN2,
+    "qwen3": gguf.MODEL_ARCH.QWEN3,
 }
 
 # The split patterns of the byte-level BPE pre-tokenizers llama.cpp names.
@@ -246,7 +251,8 @@ def add_hparams(w, cfg, arch):
     w.add_head_count_kv(cfg.get("num_key_value_heads", heads))
     w.add_rope_freq_base(cfg.get("rope_theta", 10000.0))
     w.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-6))
-    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    if "num_experts_per_tok" in cfg:
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
     if arch == gguf.MODEL_ARCH.DEEPSEEK2:
         nope, rope, v, kv_lora = (cfg[k] for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank"))
         if cfg.get("q_lora_rank"):
@@ -285,9 +291,35 @@ def add_hparams(w, cfg, arch):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
     w.add_rope_dimension_count(head_dim)
-    w.add_expert_count(cfg.get("num_experts", cfg.get("num_local_experts")))
+    experts = cfg.get("num_experts", cfg.get("num_local_experts"))
+    if experts:
+        w.add_expert_count(experts)
     if "moe_intermediate_size" in cfg:
         w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+
+
+def rope_freqs(cfg):
+    """Llama 3's rope scaling as llama.cpp's converter stores it: a `rope_freqs` tensor of one
+    divisor per frequency (1 for short wavelengths, the factor for long ones, a blend between),
+    or None."""
+    scaling = cfg.get("rope_scaling") or {}
+    if scaling.get("rope_type", scaling.get("type")) != "llama3":
+        return None
+    dim = cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
+    theta = cfg.get("rope_theta", 10000.0)
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    orig = scaling["original_max_position_embeddings"]
+    out = []
+    for i in range(0, dim, 2):
+        wavelen = 2 * math.pi * theta ** (i / dim)
+        if wavelen < orig / high:
+            out.append(1.0)
+        elif wavelen > orig / low:
+            out.append(factor)
+        else:
+            smooth = (orig / wavelen - low) / (high - low)
+            out.append(1.0 / ((1.0 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
 
 
 def split_kv_b(array, cfg):
@@ -379,6 +411,9 @@ def main():
         nbytes = int(np.prod(array.shape[:-1])) * (array.shape[-1] // block) * block_bytes
         w.add_tensor_info(name, list(array.shape), np.float32, nbytes, raw_dtype=ty)
         plan.append((name, ty))
+    freqs = rope_freqs(cfg)
+    if freqs is not None:
+        w.add_tensor_info("rope_freqs.weight", list(freqs.shape), np.float32, freqs.nbytes, raw_dtype=Q.F32)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
@@ -403,6 +438,8 @@ def main():
             for hf, a in back_to_hf(hf_name, stored, cfg, arch, name):
                 dequantized[hf] = a
         del array, data
+    if freqs is not None:
+        w.write_tensor_data(freqs)
     w.close()
     if sys.stderr.isatty():
         print(file=sys.stderr)

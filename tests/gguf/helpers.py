@@ -10,7 +10,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 CONVERTER = REPO / "scripts" / "hf-to-gguf.py"
 # model_type values `scripts/hf-to-gguf.py` converts (its ARCHES).
-CONVERTED = {"qwen3_moe", "mixtral", "deepseek_v3", "kimi_k2"}
+CONVERTED = {"qwen3_moe", "mixtral", "deepseek_v3", "kimi_k2", "llama", "mistral", "qwen2", "qwen3"}
+# The dense fixtures live in the repository (tests/data/dense), beside the script that made them.
+DENSE = REPO / "tests" / "data" / "dense"
 # DeepSeek-style MLA fixtures are also written with kv_b whole (older conversions).
 MLA = {"deepseek_v3", "kimi_k2"}
 
@@ -30,7 +32,8 @@ def fixtures_dir() -> Path:
 
 def bf16_fixtures():
     out = []
-    for d in sorted(fixtures_dir().iterdir()) if fixtures_dir().is_dir() else []:
+    shared = sorted(fixtures_dir().iterdir()) if fixtures_dir().is_dir() else []
+    for d in shared + sorted(DENSE.iterdir()):
         if not (d / "golden.json").exists() or not (d / "config.json").exists():
             continue
         cfg = json.loads((d / "config.json").read_text())

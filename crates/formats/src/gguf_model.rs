@@ -27,9 +27,14 @@ enum Family {
     /// DeepSeek-V3/R1, Kimi K2: MLA (`kv_b` whole, or split into `k_b` and `v_b` as newer
     /// conversions store it), sigmoid routing with the correction bias, shared experts.
     DeepSeek2,
+    /// `llama` without experts: q and k permuted as for Mixtral.
+    Llama,
+    /// Dense `qwen2` (q/k/v biases) and `qwen3` (q/k norms): NeoX rotation, rows as stored.
+    Qwen2,
+    Qwen3,
 }
 
-const SUPPORTED: &str = "qwen3moe, deepseek2, llama with experts (Mixtral)";
+const SUPPORTED: &str = "qwen3moe, deepseek2, llama (dense, or with experts: Mixtral), qwen2, qwen3";
 
 impl Family {
     fn of(g: &Gguf, arch: &str) -> Result<Family> {
@@ -37,10 +42,9 @@ impl Family {
             "qwen3moe" => Ok(Family::Qwen3Moe),
             "deepseek2" => Ok(Family::DeepSeek2),
             "llama" if g.opt_usize("llama.expert_count")?.unwrap_or(0) > 0 => Ok(Family::Mixtral),
-            "llama" => Err(g.key_error(
-                "llama.expert_count",
-                "dense Llama models (no experts) are not supported yet",
-            )),
+            "llama" => Ok(Family::Llama),
+            "qwen2" => Ok(Family::Qwen2),
+            "qwen3" => Ok(Family::Qwen3),
             _ => Err(g.key_error(
                 "general.architecture",
                 format!("architecture `{arch}` is not supported (supported: {SUPPORTED})"),
@@ -53,6 +57,7 @@ impl Family {
             Family::Qwen3Moe => &QWEN3MOE,
             Family::Mixtral => &MIXTRAL,
             Family::DeepSeek2 => &DEEPSEEK2,
+            Family::Llama | Family::Qwen2 | Family::Qwen3 => &DENSE,
         }
     }
 
@@ -62,7 +67,15 @@ impl Family {
             Family::Qwen3Moe => ("qwen3_moe", "Qwen3MoeForCausalLM"),
             Family::Mixtral => ("mixtral", "MixtralForCausalLM"),
             Family::DeepSeek2 => ("deepseek_v3", "DeepseekV3ForCausalLM"),
+            Family::Llama => ("llama", "LlamaForCausalLM"),
+            Family::Qwen2 => ("qwen2", "Qwen2ForCausalLM"),
+            Family::Qwen3 => ("qwen3", "Qwen3ForCausalLM"),
         }
+    }
+
+    /// Whether its layers have routed experts.
+    fn moe(self) -> bool {
+        matches!(self, Family::Qwen3Moe | Family::Mixtral | Family::DeepSeek2)
     }
 }
 
@@ -142,6 +155,11 @@ const MIXTRAL: Names = Names {
     ],
 };
 
+const DENSE: Names = Names {
+    one: GQA,
+    experts: &[],
+};
+
 const DEEPSEEK2: Names = Names {
     one: &[
         ("attn_norm", "input_layernorm"),
@@ -175,7 +193,7 @@ const CORRECTION_BIAS: (&str, &str) = ("exp_probs_b.bias", "mlp.gate.e_score_cor
 
 /// The router, whose Hugging Face name differs between families.
 fn router(names: &Names) -> &'static str {
-    match names.experts[0].1 {
+    match names.experts.first().map_or("", |e| e.1) {
         "block_sparse_moe.experts" => "block_sparse_moe.gate",
         _ => "mlp.gate",
     }
@@ -329,6 +347,23 @@ fn config(g: &Gguf, arch: &str, family: Family, tensors: &HashMap<String, Tensor
     if let Some(scaling) = rope_scaling(g, arch)? {
         set("rope_scaling", scaling);
     }
+    if let Some(factors) = rope_freqs(g)? {
+        set("rope_scaling", factors);
+    }
+    if !family.moe() {
+        // Qwen2's q/k/v biases are implied by its architecture; Llama's say so.
+        let biased = tensors.contains_key("model.layers.0.self_attn.o_proj.bias");
+        set("attention_bias", json!(biased));
+        if family == Family::Llama {
+            set("rope_interleaved", json!(true));
+        }
+        set(
+            "tie_word_embeddings",
+            json!(!tensors.contains_key("lm_head.weight")),
+        );
+        bos_eos(g, &mut c)?;
+        return Ok(Json::Object(c));
+    }
     let experts = g.usize(&key("expert_count"))?;
     set("num_experts_per_tok", json!(g.usize(&key("expert_used_count"))?));
     match family {
@@ -348,20 +383,54 @@ fn config(g: &Gguf, arch: &str, family: Family, tensors: &HashMap<String, Tensor
                 set(k, v);
             }
         }
+        Family::Llama | Family::Qwen2 | Family::Qwen3 => unreachable!("dense families return above"),
     }
     set(
         "tie_word_embeddings",
         json!(!tensors.contains_key("lm_head.weight")),
     );
+    bos_eos(g, &mut c)?;
+    Ok(Json::Object(c))
+}
+
+/// `bos_token_id` and `eos_token_id` from the tokenizer's keys.
+fn bos_eos(g: &Gguf, c: &mut Map<String, Json>) -> Result<()> {
     for (gguf_key, hf_key) in [
         ("tokenizer.ggml.bos_token_id", "bos_token_id"),
         ("tokenizer.ggml.eos_token_id", "eos_token_id"),
     ] {
         if let Some(id) = g.opt_usize(gguf_key)? {
-            set(hf_key, json!(id));
+            c.insert(hf_key.to_string(), json!(id));
         }
     }
-    Ok(Json::Object(c))
+    Ok(())
+}
+
+/// The per-frequency divisors of a `rope_freqs` tensor (Llama 3's scaling as llama.cpp's
+/// converter stores it), as the `rope_scaling` the families read.
+fn rope_freqs(g: &Gguf) -> Result<Option<Json>> {
+    let Some(t) = g.tensors.iter().find(|t| t.name == "rope_freqs.weight") else {
+        return Ok(None);
+    };
+    let bad = |reason: String| FormatError::BadTensor {
+        path: g.paths[t.file].clone(),
+        tensor: t.name.clone(),
+        reason,
+    };
+    if t.ty != GgmlType::F32 || t.len != t.numel() * 4 || t.numel() > 1 << 16 {
+        return Err(bad(format!(
+            "expected at most 65536 F32 values, found type {} ({} bytes)",
+            t.ty, t.len
+        )));
+    }
+    let bytes = crate::gguf::read_at(&g.paths[t.file], t.offset, t.len as usize)?;
+    let factors: Vec<f64> = (bytes.chunks_exact(4))
+        .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")) as f64)
+        .collect();
+    if factors.iter().any(|f| !f.is_finite() || *f <= 0.0) {
+        return Err(bad("a frequency factor that is not a positive number".into()));
+    }
+    Ok(Some(json!({"rope_type": "freq_factors", "factors": factors})))
 }
 
 /// DeepSeek-V3's own keys: MLA's ranks and head sizes, the routing.

@@ -1,5 +1,5 @@
 //! Model families, one file each (`deepseek_v3.rs` also serves Kimi K2; `qwen3_moe.rs`;
-//! `mixtral.rs`; `kimi_linear.rs`; `kimi_k3.rs`), over shared layers in `layers/`. A family reads its config, names its tensors,
+//! `mixtral.rs`; `kimi_linear.rs`; `kimi_k3.rs`; `dense.rs`: Llama, Mistral, Qwen2, Qwen3 without experts), over shared layers in `layers/`. A family reads its config, names its tensors,
 //! builds decoder blocks and routes tokens; it never does I/O or spawns threads: MoE layers get
 //! their experts from an [`ExpertStore`], whose inside (RAM, disk, network) is not the model's
 //! business.
@@ -24,6 +24,7 @@ mod trace;
 use strata_weights as weights;
 
 mod deepseek_v3;
+mod dense;
 mod kimi_k3;
 mod kimi_linear;
 mod mixtral;

@@ -11,7 +11,7 @@ use crate::layers::attention::GqaAttention;
 use crate::layers::math::Activation;
 use crate::layers::moe::{MoeLayer, Router, RoutingRule};
 use crate::layers::rope::{Rope, RopeStyle};
-use crate::registry::{check_gqa, load_ends, names, ConfigSummary};
+use crate::registry::{check_gqa, gqa_summary, load_ends, names, ConfigSummary};
 use crate::spine::{build_layers, BlockBuilder, Loading};
 use crate::weights::{load_linear, load_vector};
 use crate::{ExpertLayout, Model, ModelInfo, Result};
@@ -70,14 +70,8 @@ pub fn expert_layout(cfg: &JsonConfig) -> Result<ExpertLayout> {
 /// Keys and values of every KV head per position per layer (f32).
 pub fn summary(cfg: &JsonConfig) -> Result<ConfigSummary> {
     let c = Config::read(cfg)?;
-    Ok(ConfigSummary {
-        n_layers: c.n_layers,
-        vocab_size: c.vocab,
-        hidden_dim: c.hidden,
-        max_positions: c.max_pos,
-        state_bytes_per_token: c.n_layers * 2 * c.n_kv_heads * c.head_dim * 4,
-        state_bytes_per_sequence: 0,
-    })
+    let sizes = (c.n_layers, c.vocab, c.hidden, c.max_pos);
+    Ok(gqa_summary(sizes, c.n_kv_heads, c.head_dim))
 }
 
 pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, loading: &Loading) -> Result<Box<dyn Model>> {
@@ -85,11 +79,7 @@ pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, loading: &Loading) -> Result<Bo
     let layout = expert_layout(cfg)?;
     let store = loading.experts.clone();
     // A GGUF file's q and k rows come permuted for adjacent-pair rotation (`rope_interleaved`).
-    let style = if cfg.opt_bool("rope_interleaved")?.unwrap_or(false) {
-        RopeStyle::Interleaved
-    } else {
-        RopeStyle::NeoX
-    };
+    let style = RopeStyle::of(cfg)?;
     let rope = Rope::from_config(cfg, c.head_dim, 1e6, style)?;
     let c = Arc::new(c);
     let builder: BlockBuilder = {

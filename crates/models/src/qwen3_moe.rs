@@ -12,7 +12,7 @@ use crate::layers::math::Activation;
 use crate::layers::mlp::Mlp;
 use crate::layers::moe::{MoeLayer, Router, RoutingRule};
 use crate::layers::rope::{Rope, RopeStyle};
-use crate::registry::{bad_config, check_gqa, load_ends, names, ConfigSummary};
+use crate::registry::{bad_config, check_gqa, gqa_summary, load_ends, names, ConfigSummary};
 use crate::spine::{build_layers, BlockBuilder, Loading};
 use crate::weights::{load_linear, load_vector};
 use crate::{ExpertLayout, Model, ModelInfo, Result};
@@ -84,14 +84,8 @@ pub fn expert_layout(cfg: &JsonConfig) -> Result<ExpertLayout> {
 /// Keys and values of every KV head per position per layer (f32).
 pub fn summary(cfg: &JsonConfig) -> Result<ConfigSummary> {
     let c = Config::read(cfg)?;
-    Ok(ConfigSummary {
-        n_layers: c.n_layers,
-        vocab_size: c.vocab,
-        hidden_dim: c.hidden,
-        max_positions: c.max_pos,
-        state_bytes_per_token: c.n_layers * 2 * c.n_kv_heads * c.head_dim * 4,
-        state_bytes_per_sequence: 0,
-    })
+    let sizes = (c.n_layers, c.vocab, c.hidden, c.max_pos);
+    Ok(gqa_summary(sizes, c.n_kv_heads, c.head_dim))
 }
 
 pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, loading: &Loading) -> Result<Box<dyn Model>> {

@@ -71,6 +71,20 @@ pub static FAMILIES: &[Family] = &[
         inventory: Some(crate::kimi_k3::inventory),
         load: crate::kimi_k3::load,
     },
+    Family {
+        name: "dense",
+        model_types: &["llama", "mistral", "qwen2", "qwen3"],
+        architectures: &[
+            "LlamaForCausalLM",
+            "MistralForCausalLM",
+            "Qwen2ForCausalLM",
+            "Qwen3ForCausalLM",
+        ],
+        expert_layout: crate::dense::expert_layout,
+        summary: crate::dense::summary,
+        inventory: None,
+        load: crate::dense::load,
+    },
 ];
 
 /// What a config alone says about a model (the language model's part).
@@ -144,6 +158,22 @@ pub(crate) fn load_ends(
         load_linear(ckpt, names::LM_HEAD, vocab, hidden)?
     };
     Ok((embed, norm, lm_head))
+}
+
+/// The summary of a model whose every layer keeps GQA keys and values (f32) per position.
+pub(crate) fn gqa_summary(
+    (n_layers, vocab_size, hidden_dim, max_positions): (usize, usize, usize, usize),
+    n_kv_heads: usize,
+    head_dim: usize,
+) -> ConfigSummary {
+    ConfigSummary {
+        n_layers,
+        vocab_size,
+        hidden_dim,
+        max_positions,
+        state_bytes_per_token: n_layers * 2 * n_kv_heads * head_dim * 4,
+        state_bytes_per_sequence: 0,
+    }
 }
 
 pub(crate) fn bad_config(cfg: &JsonConfig, reason: impl Into<String>) -> ModelError {

@@ -1,8 +1,9 @@
 //! Test support: the one resolver for the reference fixtures, and golden-file helpers.
 //!
 //! Fixtures come from `../shared/fixtures` beside the repository (made by
-//! `shared/tools/make_fixtures.py`); `STRATA_FIXTURES` points elsewhere. A missing folder fails
-//! the test with this explanation: it is never a skip.
+//! `shared/tools/make_fixtures.py`); `STRATA_FIXTURES` points elsewhere. The dense ones live in
+//! the repository, `tests/data/dense` (made by the script there). A missing folder fails the
+//! test with this explanation: it is never a skip.
 
 use std::path::{Path, PathBuf};
 
@@ -24,8 +25,17 @@ pub fn fixtures_dir() -> PathBuf {
     dir.canonicalize().unwrap_or(dir)
 }
 
-/// One fixture folder (e.g. `qwen3-moe-tiny`, `tokenizers/qwen3`).
+/// The repository's own fixtures: dense models, with goldens from transformers.
+pub fn dense_fixtures_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/dense")
+}
+
+/// One fixture folder (e.g. `qwen3-moe-tiny`, `tokenizers/qwen3`, `llama-dense-tiny`).
 pub fn fixture(name: &str) -> PathBuf {
+    let dense = dense_fixtures_dir().join(name);
+    if DENSE_MODELS.contains(&name) && dense.is_dir() {
+        return dense.canonicalize().unwrap_or(dense);
+    }
     let dir = fixtures_dir().join(name);
     assert!(dir.is_dir(), "fixture folder {} is missing", dir.display());
     dir
@@ -38,7 +48,13 @@ pub const BF16_MODELS: &[&str] = &[
     "qwen3-moe-tiny",
     "mixtral-tiny",
     "kimi-linear-tiny",
+    "llama-dense-tiny",
+    "qwen2-dense-tiny",
+    "qwen3-dense-tiny",
 ];
+
+/// The dense ones among them (no experts), in the repository's `tests/data/dense`.
+pub const DENSE_MODELS: &[&str] = &["llama-dense-tiny", "qwen2-dense-tiny", "qwen3-dense-tiny"];
 
 pub fn read_json(path: &Path) -> Value {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));

@@ -37,6 +37,25 @@ pub struct GqaAttention {
     pub eps: f32,
     /// Attend only to this many most recent positions (Mixtral's `sliding_window`).
     pub sliding_window: Option<usize>,
+    /// Biases of the projections (Qwen2; `attention_bias` models).
+    pub biases: Option<Box<GqaBiases>>,
+}
+
+/// Added to each token's projections: q (H*Dh,), k and v (Hkv*Dh,), o (D,) where it has one.
+pub struct GqaBiases {
+    pub q: Vec<f32>,
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+    pub o: Option<Vec<f32>>,
+}
+
+/// Adds `bias` to every row of `x`.
+fn add_rows(x: &mut [f32], bias: &[f32]) {
+    for row in x.chunks_exact_mut(bias.len()) {
+        for (a, b) in row.iter_mut().zip(bias) {
+            *a += b;
+        }
+    }
 }
 
 impl GqaAttention {
@@ -56,6 +75,11 @@ impl GqaAttention {
         self.q.matmul(x, n_tokens, &mut q);
         self.k.matmul(x, n_tokens, &mut k);
         self.v.matmul(x, n_tokens, &mut v);
+        if let Some(b) = &self.biases {
+            add_rows(&mut q, &b.q);
+            add_rows(&mut k, &b.k);
+            add_rows(&mut v, &b.v);
+        }
         // Each token's heads normed (Qwen3) and rotated to its position, tokens on the kernels'
         // threads.
         let mut position = vec![None; n_tokens];
@@ -118,6 +142,9 @@ impl GqaAttention {
         }
         let mut y = vec![0f32; n_tokens * self.o.out_dim];
         self.o.matmul(&out, n_tokens, &mut y);
+        if let Some(o) = self.biases.as_ref().and_then(|b| b.o.as_ref()) {
+            add_rows(&mut y, o);
+        }
         y
     }
 }
@@ -196,6 +223,7 @@ impl GqaAttention {
             rope,
             eps,
             sliding_window: None,
+            biases: None,
         })
     }
 }
@@ -221,6 +249,7 @@ mod tests {
             rope: Rope::plain(2, 10000.0, RopeStyle::NeoX),
             eps: 1e-6,
             sliding_window: window,
+            biases: None,
         }
     }
 

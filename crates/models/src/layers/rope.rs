@@ -42,7 +42,8 @@ impl Rope {
         }
     }
 
-    /// Reads `rope_theta` and `rope_scaling` (none or `yarn`) for a rotary slice of `dim`.
+    /// Reads `rope_theta` and `rope_scaling` (none, `yarn`, `llama3`, `linear`, or the frequency
+    /// factors of a GGUF file's `rope_freqs` tensor) for a rotary slice of `dim`.
     pub fn from_config(cfg: &JsonConfig, dim: usize, default_theta: f64, style: RopeStyle) -> Result<Rope> {
         let theta = cfg.opt_f64("rope_theta")?.unwrap_or(default_theta);
         let Some(scaling) = cfg.opt_object("rope_scaling")? else {
@@ -79,9 +80,59 @@ impl Rope {
                     style,
                 })
             }
+            "llama3" => {
+                let factor = scaling.f64("factor")?;
+                let low = scaling.f64("low_freq_factor")?;
+                let high = scaling.f64("high_freq_factor")?;
+                let orig = scaling.f64("original_max_position_embeddings")?;
+                if high <= low {
+                    return Err(crate::ModelError::BadConfig {
+                        path: cfg.path.display().to_string(),
+                        reason: format!(
+                            "rope_scaling: high_freq_factor {high} must exceed low_freq_factor {low}"
+                        ),
+                    });
+                }
+                let inv_freq = llama3_inv_freq(&base_inv_freq(dim, theta), factor, low, high, orig);
+                Ok(Rope {
+                    inv_freq,
+                    ..Rope::plain(dim, theta, style)
+                })
+            }
+            "linear" => {
+                let factor = scaling.f64("factor")? as f32;
+                let inv_freq = base_inv_freq(dim, theta).iter().map(|f| f / factor).collect();
+                Ok(Rope {
+                    inv_freq,
+                    ..Rope::plain(dim, theta, style)
+                })
+            }
+            "freq_factors" => {
+                let factors: Vec<f64> = (scaling.get("factors").and_then(|v| v.as_array()))
+                    .map(|a| a.iter().filter_map(|f| f.as_f64()).collect())
+                    .unwrap_or_default();
+                if factors.len() != dim / 2 {
+                    return Err(crate::ModelError::BadConfig {
+                        path: cfg.path.display().to_string(),
+                        reason: format!(
+                            "rope frequency factors: {} for a rotary dimension of {dim}",
+                            factors.len()
+                        ),
+                    });
+                }
+                let inv_freq = (base_inv_freq(dim, theta).iter().zip(&factors))
+                    .map(|(f, k)| f / *k as f32)
+                    .collect();
+                Ok(Rope {
+                    inv_freq,
+                    ..Rope::plain(dim, theta, style)
+                })
+            }
             other => Err(crate::ModelError::BadConfig {
                 path: cfg.path.display().to_string(),
-                reason: format!("rope_scaling type `{other}` is not supported (supported: yarn)"),
+                reason: format!(
+                    "rope_scaling type `{other}` is not supported (supported: yarn, llama3, linear)"
+                ),
             }),
         }
     }
@@ -124,10 +175,42 @@ impl Rope {
     }
 }
 
+impl RopeStyle {
+    /// NeoX (rotating the two halves, as Hugging Face checkpoints store q and k), or
+    /// adjacent pairs where the config says `rope_interleaved` (a GGUF file's Llama-style q and k,
+    /// whose rows llama.cpp's converter permutes).
+    pub fn of(cfg: &JsonConfig) -> Result<RopeStyle> {
+        Ok(if cfg.opt_bool("rope_interleaved")?.unwrap_or(false) {
+            RopeStyle::Interleaved
+        } else {
+            RopeStyle::NeoX
+        })
+    }
+}
+
 fn base_inv_freq(dim: usize, theta: f64) -> Vec<f32> {
     // transformers: 1 / base ** (arange(0, dim, 2).float() / dim), in f32.
     (0..dim / 2)
         .map(|i| 1.0 / (theta as f32).powf((2 * i) as f32 / dim as f32))
+        .collect()
+}
+
+/// Llama 3's frequencies, as transformers computes them (in f32): wavelengths longer than
+/// `orig / low` are slowed by `factor`, shorter than `orig / high` kept, and those between
+/// blended.
+fn llama3_inv_freq(base: &[f32], factor: f64, low: f64, high: f64, orig: f64) -> Vec<f32> {
+    let (low_wavelen, high_wavelen) = ((orig / low) as f32, (orig / high) as f32);
+    let factor = factor as f32;
+    base.iter()
+        .map(|&f| {
+            let wavelen = 2.0 * std::f32::consts::PI / f;
+            let scaled = if wavelen > low_wavelen { f / factor } else { f };
+            if wavelen < high_wavelen || wavelen > low_wavelen {
+                return scaled;
+            }
+            let smooth = (orig as f32 / wavelen - low as f32) / (high - low) as f32;
+            (1.0 - smooth) * scaled / factor + smooth * scaled
+        })
         .collect()
 }
 
@@ -172,5 +255,54 @@ mod tests {
         rope.apply(&mut x, 8, 0, &c, &s);
         let n1: f32 = x.iter().map(|v| v * v).sum();
         assert!((n0 - n1).abs() < 1e-3);
+    }
+
+    fn config(scaling: serde_json::Value) -> JsonConfig {
+        let value = serde_json::json!({"rope_theta": 500000.0, "rope_scaling": scaling});
+        JsonConfig::parse(std::path::Path::new("config.json"), &value.to_string()).unwrap()
+    }
+
+    #[test]
+    fn llama3_slows_long_wavelengths_keeps_short_ones_and_blends_between() {
+        let dim = 64;
+        let scaling = serde_json::json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64});
+        let rope = Rope::from_config(&config(scaling), dim, 1e4, RopeStyle::NeoX).unwrap();
+        let base = base_inv_freq(dim, 500000.0);
+        let wavelen = |f: f32| 2.0 * std::f32::consts::PI / f;
+        let mut blended = 0;
+        for (got, f) in rope.inv_freq.iter().zip(&base) {
+            match wavelen(*f) {
+                w if w < 16.0 => assert_eq!(got, f),
+                w if w > 64.0 => assert_eq!(*got, f / 8.0),
+                _ => {
+                    blended += 1;
+                    assert!(*got < *f && *got > f / 8.0, "{got} between {f} / 8 and {f}");
+                }
+            }
+        }
+        assert!(blended > 0, "no frequency in the blended band");
+        // The same scaling as a GGUF file's divisors (llama.cpp's converter, in f64).
+        let factors: Vec<f64> = (base.iter())
+            .map(|&f| {
+                let w = 2.0 * std::f64::consts::PI / f as f64;
+                if w < 16.0 {
+                    1.0
+                } else if w > 64.0 {
+                    8.0
+                } else {
+                    let smooth = (64.0 / w - 1.0) / 3.0;
+                    1.0 / ((1.0 - smooth) / 8.0 + smooth)
+                }
+            })
+            .collect();
+        let scaling = serde_json::json!({"rope_type": "freq_factors", "factors": factors});
+        let from_gguf = Rope::from_config(&config(scaling), dim, 1e4, RopeStyle::NeoX).unwrap();
+        for (a, b) in from_gguf.inv_freq.iter().zip(&rope.inv_freq) {
+            assert!((a - b).abs() <= 1e-6 * b.abs(), "{a} against {b}");
+        }
+        let short = serde_json::json!({"rope_type": "freq_factors", "factors": [1.0, 2.0]});
+        let e = Rope::from_config(&config(short), dim, 1e4, RopeStyle::NeoX).unwrap_err();
+        assert!(e.to_string().contains("2 for a rotary dimension of 64"), "{e}");
     }
 }
