@@ -1,7 +1,8 @@
-//! The embedded default model, so `strata run --prompt ...` works with no download: a tiny
-//! random Qwen3-MoE checkpoint (from the project's reference fixtures) compiled into the binary
-//! and written once to the cache directory on first use. Its output is noise; it shows the
-//! pipeline works, nothing more.
+//! The embedded default model, so `strata run --prompt ...` works with no download: strata's
+//! own demo model, a 20M-parameter DeepSeek-V3-style MoE (MLA, 32 routed experts of which 4 a
+//! token, a shared expert) trained on the King James Bible and WordNet's glosses
+//! (`tools/train-demo/`), its routed experts stored as INT4. Small, but it writes English.
+//! Compiled into the binary and written once to the cache directory on first use.
 
 use std::path::{Path, PathBuf};
 
@@ -18,20 +19,12 @@ const FILES: &[(&str, &[u8])] = &[
         include_bytes!("../default-model/model.safetensors.index.json"),
     ),
     (
-        "model-00001-of-00004.safetensors",
-        include_bytes!("../default-model/model-00001-of-00004.safetensors"),
+        "model-00001-of-00002.safetensors",
+        include_bytes!("../default-model/model-00001-of-00002.safetensors"),
     ),
     (
-        "model-00002-of-00004.safetensors",
-        include_bytes!("../default-model/model-00002-of-00004.safetensors"),
-    ),
-    (
-        "model-00003-of-00004.safetensors",
-        include_bytes!("../default-model/model-00003-of-00004.safetensors"),
-    ),
-    (
-        "model-00004-of-00004.safetensors",
-        include_bytes!("../default-model/model-00004-of-00004.safetensors"),
+        "model-00002-of-00002.safetensors",
+        include_bytes!("../default-model/model-00002-of-00002.safetensors"),
     ),
     (
         "tokenizer.json",
@@ -43,7 +36,7 @@ const FILES: &[(&str, &[u8])] = &[
     ),
 ];
 
-pub const NAME: &str = "qwen3-moe-tiny (embedded)";
+pub const NAME: &str = "strata-demo (embedded)";
 
 fn cache_root() -> PathBuf {
     if let Some(d) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {

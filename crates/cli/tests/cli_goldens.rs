@@ -271,7 +271,7 @@ fn the_prompt_from_a_file_or_standard_input() {
 
 /// The embedded model says what it is whenever it is used.
 #[test]
-fn the_embedded_model_says_it_is_a_random_demo() {
+fn the_embedded_model_says_it_is_the_demo() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_strata"))
         .args(["run", "--prompt", "Hello", "--max-tokens", "2"])
         .output()
@@ -279,7 +279,7 @@ fn the_embedded_model_says_it_is_a_random_demo() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(
-        stderr.contains("embedded demo model (tiny, random weights"),
+        stderr.contains("the embedded demo model (20M parameters"),
         "{stderr}"
     );
 }

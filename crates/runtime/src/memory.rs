@@ -180,9 +180,12 @@ impl MemoryPlan {
         let in_flight = (top_k * sequences * if options.prefetch { 2 } else { 1 })
             .min(strata_experts::DEFAULT_IO_THREADS);
         let buffers = (2 * in_flight + top_k) * expert;
-        let work = WORK_BASE
-            + prefill_chunk * ACTIVATION_BYTES_PER_HIDDEN * plan.hidden_dim
-            + 2 * sequences * plan.vocab_size * 4;
+        let work_for = |chunk: usize| {
+            WORK_BASE
+                + chunk * ACTIVATION_BYTES_PER_HIDDEN * plan.hidden_dim
+                + 2 * sequences * plan.vocab_size * 4
+        };
+        let work = work_for(prefill_chunk);
         // What a layer costs resident (in the spine's format) and streamed (always as stored).
         let int8 = options.spine_format == SpineFormat::Int8;
         let layers: Vec<usize> = plan.layer_bytes.iter().map(|&b| b as usize).collect();
@@ -253,6 +256,15 @@ impl MemoryPlan {
             }
             stream(p, streamable, SPINE_AHEAD);
         };
+        // Under a tight --mem, a default prompt chunk shrinks (to PREFILL_CHUNK_STEP at least)
+        // before any layer is streamed: a smaller chunk only slows prompts a little.
+        if options.prefill_chunk.is_none() {
+            while !fits(&p) && p.prefill_chunk > PREFILL_CHUNK_STEP {
+                p.prefill_chunk =
+                    (p.prefill_chunk / 2 / PREFILL_CHUNK_STEP * PREFILL_CHUNK_STEP).max(PREFILL_CHUNK_STEP);
+                p.work = work_for(p.prefill_chunk);
+            }
+        }
         match spine {
             SpineMode::Resident => {}
             SpineMode::Stream => stream_fitting(&mut p, streamable..=streamable),

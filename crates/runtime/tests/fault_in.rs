@@ -8,12 +8,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use strata_experts::FaultIn;
 use strata_runtime::{Engine, LoadOptions, ModelPlan};
-use strata_testkit::{as_u32s, fixture, golden, BF16_MODELS, DENSE_MODELS};
-
-/// The fixtures with routed experts.
-fn moe_models() -> impl Iterator<Item = &'static str> {
-    BF16_MODELS.iter().copied().filter(|n| !DENSE_MODELS.contains(n))
-}
+use strata_testkit::{as_u32s, fixture, golden, moe_models};
 
 #[test]
 fn at_load_no_read_faults_in_a_buffer_and_on_read_every_one_does() {

@@ -36,6 +36,10 @@ pub fn fixture(name: &str) -> PathBuf {
     if DENSE_MODELS.contains(&name) && dense.is_dir() {
         return dense.canonicalize().unwrap_or(dense);
     }
+    if name == "strata-demo" {
+        let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../cli/default-model");
+        return demo.canonicalize().unwrap_or(demo);
+    }
     let dir = fixtures_dir().join(name);
     assert!(dir.is_dir(), "fixture folder {} is missing", dir.display());
     dir
@@ -55,6 +59,11 @@ pub const BF16_MODELS: &[&str] = &[
 
 /// The dense ones among them (no experts), in the repository's `tests/data/dense`.
 pub const DENSE_MODELS: &[&str] = &["llama-dense-tiny", "qwen2-dense-tiny", "qwen3-dense-tiny"];
+
+/// The BF16 models with routed experts.
+pub fn moe_models() -> impl Iterator<Item = &'static str> {
+    BF16_MODELS.iter().copied().filter(|n| !DENSE_MODELS.contains(n))
+}
 
 pub fn read_json(path: &Path) -> Value {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -134,7 +143,9 @@ pub fn check_last_logits(engine: &[f32], golden: &[f32], absmax: f32, rel: f32) 
 
 /// The model folders with quantized weights (FP8 block-scaled; INT4 pack-quantized experts) and
 /// goldens computed from their exactly dequantized weights.
-pub const QUANTIZED_MODELS: &[&str] = &["deepseek-v3-tiny-fp8", "kimi-k2-tiny-int4"];
+/// `strata-demo` is the embedded default model (`crates/cli/default-model`, INT4 experts), with
+/// goldens from transformers on its dequantized weights.
+pub const QUANTIZED_MODELS: &[&str] = &["deepseek-v3-tiny-fp8", "kimi-k2-tiny-int4", "strata-demo"];
 
 /// A writable scratch copy of a fixture model folder (golden files left out), removed on drop.
 pub struct ScratchCopy(pub std::path::PathBuf);

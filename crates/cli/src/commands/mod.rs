@@ -26,7 +26,7 @@ use crate::default_model;
     about = "Run huge Mixture-of-Experts language models on one ordinary machine",
     long_about = "strata runs Mixture-of-Experts models whose weights are far larger than RAM by keeping the \
                   non-expert weights resident and reading only the experts each token needs.\n\n\
-                  Without --model, commands use a tiny embedded demo model (random weights: its text is noise)."
+                  Without --model, commands use strata's small embedded demo model (trained on the King James Bible and WordNet)."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -160,7 +160,7 @@ impl ModelArg {
                 static SAID: std::sync::Once = std::sync::Once::new();
                 SAID.call_once(|| {
                     eprintln!(
-                        "[strata] no model given: the embedded demo model (tiny, random weights: its text is noise); give one as `strata run MODEL`"
+                        "[strata] no model given: the embedded demo model (20M parameters, trained on the King James Bible and WordNet); give one as `strata run MODEL`"
                     )
                 });
                 Ok((default_model::path()?, None))
