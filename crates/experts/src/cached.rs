@@ -92,6 +92,9 @@ pub struct CachedStore {
     preload: Mutex<Vec<(Key, Arc<InFlight>)>>,
     /// The store's counters (streamed layers' reads count here too).
     pub stats: Arc<StoreStats>,
+    /// Where routing decisions are written (`--trace`), and what the trace's header says.
+    routing_log: Mutex<Option<Arc<crate::RoutingLog>>>,
+    layout: ExpertLayout,
 }
 
 /// What the cache was given while the model loaded.
@@ -213,6 +216,8 @@ impl CachedStore {
             _readers: readers.clone(),
             warmer,
             preload: Mutex::new(preload),
+            routing_log: Mutex::new(None),
+            layout: layout.clone(),
         })
     }
 
@@ -221,6 +226,23 @@ impl CachedStore {
     }
 
     /// Whether predicted experts are read ahead (`--prefetch on`).
+    /// Writes every routing decision from now on to `path` (`--trace`; see [`crate::RoutingLog`]).
+    pub fn trace_to(&self, path: &std::path::Path) -> std::io::Result<()> {
+        let expert_bytes = self.shared.plans.values().map(|p| p.bytes).max().unwrap_or(0);
+        let log = crate::RoutingLog::create(path, &self.layout, expert_bytes)?;
+        *self.routing_log.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(log));
+        Ok(())
+    }
+
+    /// Writes out the routing trace's buffered lines.
+    pub fn flush_trace(&self) -> std::io::Result<()> {
+        self.routing_log().map_or(Ok(()), |log| log.flush())
+    }
+
+    fn routing_log(&self) -> Option<Arc<crate::RoutingLog>> {
+        self.routing_log.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     pub fn prefetch_enabled(&self) -> bool {
         self.shared.prefetch
     }
@@ -695,7 +717,16 @@ impl ExpertStore for CachedStore {
         }
     }
 
+    fn routed(&self, layer: usize, tokens: &[&[usize]]) {
+        if let Some(log) = self.routing_log() {
+            log.routed(layer, tokens);
+        }
+    }
+
     fn prefetch(&self, layer: usize, ids: &[usize]) {
+        if let Some(log) = self.routing_log() {
+            log.guessed(layer, ids);
+        }
         let s = &self.shared;
         if !s.prefetch {
             return;

@@ -9,6 +9,8 @@ mod cached;
 pub mod direct;
 mod engine;
 mod plan;
+pub mod replay;
+mod routing_log;
 mod spine;
 
 pub use cached::{uring_available, CacheOptions, CachedStore, Eviction, FaultIn, Warmed, DEFAULT_IO_THREADS};
@@ -16,4 +18,5 @@ pub use direct::IoMode;
 pub use engine::readers::Readers;
 pub use engine::stats::StoreStats;
 pub use plan::{ExpertPlan, ReadRun};
+pub use routing_log::RoutingLog;
 pub use spine::{SpineStore, DEFAULT_AHEAD, SPINE_THREADS};

@@ -34,6 +34,10 @@ pub trait ExpertStore: Send + Sync {
     /// `ids` of `layer` are needed now: start reading the misses (the `get` that follows waits).
     fn submit(&self, _layer: usize, _ids: &[usize]) {}
 
+    /// What each token of a step picked at `layer` (before the experts are asked for): a store
+    /// that records routing (`--trace`) writes it down.
+    fn routed(&self, _layer: usize, _tokens: &[&[usize]]) {}
+
     /// A guess that `ids` of `layer` will be asked for soon (read them if there is room); the
     /// store scores the guess when the layer's real `get` arrives.
     fn prefetch(&self, _layer: usize, _ids: &[usize]) {}

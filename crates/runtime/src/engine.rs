@@ -40,6 +40,8 @@ pub enum EngineError {
     EmptyPrompt,
     #[error("structured output: {0}")]
     Guide(String),
+    #[error("--trace {0}")]
+    Trace(String),
     #[error("{}: the {family} family cannot list its tensors from config alone; give the model folder", path.display())]
     NoInventory { path: PathBuf, family: &'static str },
     #[error(
@@ -113,6 +115,8 @@ pub struct LoadOptions {
     pub progress: Option<crate::Progress>,
     /// Memory for the server's prefix cache (`--prefix-cache`).
     pub prefix_cache: crate::PrefixCacheSize,
+    /// Where every routing decision is written (`--trace`).
+    pub trace: Option<PathBuf>,
 }
 
 /// Parses a size such as `512M`, `8G`, `1.5GiB`, `30K` or `123456` (bytes); binary units.
@@ -290,6 +294,11 @@ impl Engine {
             };
         let readers = strata_experts::Readers::start(threads);
         let experts = Arc::new(CachedStore::open(&ckpt, &plan.layout, cache, &readers)?);
+        if let Some(path) = &options.trace {
+            experts
+                .trace_to(path)
+                .map_err(|e| EngineError::Trace(format!("{}: {e}", path.display())))?;
+        }
         let spine = if memory.streamed.is_empty() {
             None
         } else {

@@ -10,6 +10,7 @@ mod run;
 mod serve;
 mod synth;
 mod tokens;
+mod trace;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -85,6 +86,9 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Measure decode speed against the disk's direct-read bandwidth and the I/O + compute bound.
     Bench(bench::BenchArgs),
+    /// Replay a routing trace (`--trace FILE`) against the expert cache's policies and Belady's
+    /// optimum, and score the next-layer and previous-token predictors.
+    Trace(trace::TraceArgs),
     /// Write a large random checkpoint with a real model's shapes (project tool for benchmarks).
     #[command(hide = true)]
     Synth(synth::SynthArgs),
@@ -334,6 +338,10 @@ pub struct MemArgs {
     /// Half-life of an expert use for `--cache-policy lfu`, in expert accesses.
     #[arg(long, default_value_t = 4096, value_name = "N")]
     lfu_half_life: u64,
+    /// Write every routing decision (each MoE layer's experts per token, and with --prefetch
+    /// its guesses) to FILE as JSON lines, for `strata trace FILE`.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<std::path::PathBuf>,
     /// Non-expert weights: `auto` keeps them resident when they fit --mem and otherwise streams
     /// as many decoder layers as needed (read from disk at every token, a few layers ahead);
     /// `resident` refuses to stream; `stream` streams every decoder layer.
@@ -450,6 +458,7 @@ impl MemArgs {
             prefill_chunk: self.prefill_chunk.map(|n| n as usize),
             progress: Some(bars::Bars::progress()),
             prefix_cache: strata_runtime::PrefixCacheSize::Off,
+            trace: self.trace.clone(),
         }
     }
 }
@@ -532,6 +541,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Command::Detokenize(a) => tokens::detokenize(a),
         Command::Inspect(a) => inspect::inspect(a),
         Command::Synth(a) => synth::synth(a),
+        Command::Trace(a) => trace::trace(a),
         Command::Bench(a) => bench::bench(a),
         Command::Serve(a) => serve::serve(a),
         Command::Pull(a) => pull::pull(a),

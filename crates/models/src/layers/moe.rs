@@ -193,6 +193,8 @@ impl MoeLayer {
             }
         }
         let ids: Vec<usize> = assigned.keys().copied().collect();
+        let picked: Vec<&[usize]> = routes.iter().map(|r| r.experts.as_slice()).collect();
+        self.store.routed(self.layer, &picked);
         self.store.submit(self.layer, &ids);
         if let Some(next) = next {
             self.prefetch_from(residual, n_tokens, &next);
