@@ -34,6 +34,7 @@ import gguf_quants
 # Hugging Face `model_type` -> (GGUF architecture, llama.cpp's pre-tokenizer name).
 ARCHES = {
     "qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE,
+    "qwen2_moe": gguf.MODEL_ARCH.QWEN2MOE,
     "mixtral": gguf.MODEL_ARCH.LLAMA,
     "deepseek_v3": gguf.MODEL_ARCH.DEEPSEEK2,
     "kimi_k2": gguf.MODEL_ARCH.DEEPSEEK2,
@@ -294,6 +295,8 @@ def add_hparams(w, cfg, arch):
     experts = cfg.get("num_experts", cfg.get("num_local_experts"))
     if experts:
         w.add_expert_count(experts)
+    if cfg.get("shared_expert_intermediate_size"):
+        w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
     if "moe_intermediate_size" in cfg:
         w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
 
@@ -339,6 +342,8 @@ def back_to_hf(hf_name, stored, cfg, arch, gguf_name):
         stored = stored.reshape(heads, rows // heads // 2, 2, *stored.shape[1:]).swapaxes(1, 2).reshape(stored.shape)
     if hf_name.endswith("e_score_correction.bias"):
         hf_name = hf_name.replace("e_score_correction.bias", "e_score_correction_bias")
+    if hf_name.endswith("shared_expert_gate.weight"):
+        stored = stored.reshape(1, -1)
     m = re.match(r"^(.*\.experts)\.(\w+)\.weight$", hf_name)
     if m and "shared_experts" not in hf_name:
         return [(f"{m.group(1)}.{e}.{m.group(2)}.weight", stored[e]) for e in range(stored.shape[0])]
@@ -355,6 +360,8 @@ def hf_tensors(folder, cfg, arch, whole_kv_b):
             yield hf_name.replace("kv_b_proj", "k_b_proj"), k_b, source
             yield hf_name.replace("kv_b_proj", "v_b_proj"), v_b, source
             continue
+        if hf_name.endswith("shared_expert_gate.weight"):
+            array = np.asarray(array).reshape(-1)  # llama.cpp stores this (1, D) gate as a vector
         yield hf_name, array, source
 
 

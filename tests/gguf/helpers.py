@@ -10,9 +10,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 CONVERTER = REPO / "scripts" / "hf-to-gguf.py"
 # model_type values `scripts/hf-to-gguf.py` converts (its ARCHES).
-CONVERTED = {"qwen3_moe", "mixtral", "deepseek_v3", "kimi_k2", "llama", "mistral", "qwen2", "qwen3"}
-# The dense fixtures live in the repository (tests/data/dense), beside the script that made them.
-DENSE = REPO / "tests" / "data" / "dense"
+CONVERTED = {"qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v3", "kimi_k2", "llama", "mistral", "qwen2", "qwen3"}
+# The repository's own fixtures (dense models, Qwen2-MoE), beside the script that made them.
+OWN = REPO / "tests" / "data"
 # DeepSeek-style MLA fixtures are also written with kv_b whole (older conversions).
 MLA = {"deepseek_v3", "kimi_k2"}
 
@@ -33,7 +33,7 @@ def fixtures_dir() -> Path:
 def bf16_fixtures():
     out = []
     shared = sorted(fixtures_dir().iterdir()) if fixtures_dir().is_dir() else []
-    for d in shared + sorted(DENSE.iterdir()):
+    for d in shared + sorted(p for p in OWN.iterdir() if p.is_dir()):
         if not (d / "golden.json").exists() or not (d / "config.json").exists():
             continue
         cfg = json.loads((d / "config.json").read_text())

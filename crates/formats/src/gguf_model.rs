@@ -20,6 +20,8 @@ use crate::{Checkpoint, DType, FormatError, JsonConfig, Result, TensorEntry};
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Family {
     Qwen3Moe,
+    /// Qwen2-MoE: q/k/v biases, a shared expert scaled by its gate (`ffn_gate_inp_shexp`).
+    Qwen2Moe,
     /// `llama` with experts. llama.cpp's converter permutes the rows of each head of q and k so
     /// that rotating adjacent pairs (its rope) equals Hugging Face's rotation of the two halves:
     /// the family reads those weights as they are, with the interleaved rope.
@@ -34,12 +36,14 @@ enum Family {
     Qwen3,
 }
 
-const SUPPORTED: &str = "qwen3moe, deepseek2, llama (dense, or with experts: Mixtral), qwen2, qwen3";
+const SUPPORTED: &str =
+    "qwen3moe, qwen2moe, deepseek2, llama (dense, or with experts: Mixtral), qwen2, qwen3";
 
 impl Family {
     fn of(g: &Gguf, arch: &str) -> Result<Family> {
         match arch {
             "qwen3moe" => Ok(Family::Qwen3Moe),
+            "qwen2moe" => Ok(Family::Qwen2Moe),
             "deepseek2" => Ok(Family::DeepSeek2),
             "llama" if g.opt_usize("llama.expert_count")?.unwrap_or(0) > 0 => Ok(Family::Mixtral),
             "llama" => Ok(Family::Llama),
@@ -55,6 +59,7 @@ impl Family {
     fn names(self) -> &'static Names {
         match self {
             Family::Qwen3Moe => &QWEN3MOE,
+            Family::Qwen2Moe => &QWEN2MOE,
             Family::Mixtral => &MIXTRAL,
             Family::DeepSeek2 => &DEEPSEEK2,
             Family::Llama | Family::Qwen2 | Family::Qwen3 => &DENSE,
@@ -65,6 +70,7 @@ impl Family {
     fn hf(self) -> (&'static str, &'static str) {
         match self {
             Family::Qwen3Moe => ("qwen3_moe", "Qwen3MoeForCausalLM"),
+            Family::Qwen2Moe => ("qwen2_moe", "Qwen2MoeForCausalLM"),
             Family::Mixtral => ("mixtral", "MixtralForCausalLM"),
             Family::DeepSeek2 => ("deepseek_v3", "DeepseekV3ForCausalLM"),
             Family::Llama => ("llama", "LlamaForCausalLM"),
@@ -75,7 +81,10 @@ impl Family {
 
     /// Whether its layers have routed experts.
     fn moe(self) -> bool {
-        matches!(self, Family::Qwen3Moe | Family::Mixtral | Family::DeepSeek2)
+        matches!(
+            self,
+            Family::Qwen3Moe | Family::Qwen2Moe | Family::Mixtral | Family::DeepSeek2
+        )
     }
 }
 
@@ -139,6 +148,29 @@ const GQA: &[(&str, &str)] = &[
 
 const QWEN3MOE: Names = Names {
     one: GQA,
+    experts: &[
+        ("ffn_gate_exps", "mlp.experts", "gate_proj"),
+        ("ffn_up_exps", "mlp.experts", "up_proj"),
+        ("ffn_down_exps", "mlp.experts", "down_proj"),
+    ],
+};
+
+const QWEN2MOE: Names = Names {
+    one: &[
+        ("attn_norm", "input_layernorm"),
+        ("attn_q", "self_attn.q_proj"),
+        ("attn_k", "self_attn.k_proj"),
+        ("attn_v", "self_attn.v_proj"),
+        ("attn_output", "self_attn.o_proj"),
+        ("ffn_norm", "post_attention_layernorm"),
+        ("ffn_gate", "mlp.gate_proj"),
+        ("ffn_up", "mlp.up_proj"),
+        ("ffn_down", "mlp.down_proj"),
+        ("ffn_gate_shexp", "mlp.shared_expert.gate_proj"),
+        ("ffn_up_shexp", "mlp.shared_expert.up_proj"),
+        ("ffn_down_shexp", "mlp.shared_expert.down_proj"),
+        ("ffn_gate_inp_shexp", "mlp.shared_expert_gate"),
+    ],
     experts: &[
         ("ffn_gate_exps", "mlp.experts", "gate_proj"),
         ("ffn_up_exps", "mlp.experts", "up_proj"),
@@ -263,7 +295,12 @@ fn hf_entries(names: &Names, t: &GgufTensor) -> Option<Vec<HfEntry>> {
         return whole(&format!("{p}.{}", CORRECTION_BIAS.1));
     }
     if let Some(hf) = names.one(stem) {
-        return whole(&format!("{p}.{hf}.{kind}"));
+        let name = format!("{p}.{hf}.{kind}");
+        if hf == "mlp.shared_expert_gate" && t.dims.len() == 1 {
+            // llama.cpp stores this (1, D) gate as a vector.
+            return Some(vec![(name, vec![1, t.shape()[0]], t.offset, t.len)]);
+        }
+        return whole(&name);
     }
     let (_, prefix, proj) = names.experts.iter().find(|(s, _, _)| *s == stem)?;
     let shape = t.shape();
@@ -373,6 +410,21 @@ fn config(g: &Gguf, arch: &str, family: Family, tensors: &HashMap<String, Tensor
             set("moe_intermediate_size", json!(moe_ffn));
             // llama.cpp's Qwen3-MoE always renormalises the chosen experts' weights.
             set("norm_topk_prob", json!(true));
+        }
+        Family::Qwen2Moe => {
+            set("num_experts", json!(experts));
+            set(
+                "moe_intermediate_size",
+                json!(g.usize(&key("expert_feed_forward_length"))?),
+            );
+            let shared = g.opt_usize(&key("expert_shared_feed_forward_length"))?;
+            set("shared_expert_intermediate_size", json!(shared.unwrap_or(0)));
+            // llama.cpp's Qwen2-MoE never renormalises them.
+            set("norm_topk_prob", json!(false));
+            set(
+                "qkv_bias",
+                json!(tensors.contains_key("model.layers.0.self_attn.q_proj.bias")),
+            );
         }
         Family::Mixtral => {
             set("num_local_experts", json!(experts));

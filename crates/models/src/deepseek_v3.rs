@@ -221,6 +221,7 @@ pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, loading: &Loading) -> Result<Bo
                         None
                     },
                     latent: None,
+                    shared_gate: None,
                     act: Activation::Silu,
                     store: store.clone(),
                 })

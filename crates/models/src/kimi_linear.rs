@@ -686,6 +686,7 @@ fn load_block(
                 None
             },
             latent,
+            shared_gate: None,
             act: c.act,
             store: store.clone(),
         })

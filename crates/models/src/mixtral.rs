@@ -116,6 +116,7 @@ pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, loading: &Loading) -> Result<Bo
                     },
                     shared: None,
                     latent: None,
+                    shared_gate: None,
                     act: Activation::Silu,
                     store: store.clone(),
                 }),

@@ -1,13 +1,17 @@
 //! Qwen3-MoE: GQA with per-head q/k RMSNorm before a NeoX rotation (head_dim may differ from
 //! hidden/heads); sparse layers route with softmax top-k (renormalised when `norm_topk_prob`),
 //! no shared expert; `mlp_only_layers` and `decoder_sparse_step` pick the dense layers.
+//! Qwen2-MoE (`qwen2_moe`, Qwen1.5-MoE and Qwen2-57B-A14B) is the same but for its attention,
+//! biases on q, k and v (`qkv_bias`) and no q/k norm, and a shared expert
+//! (`shared_expert_intermediate_size`) whose output is scaled per token by
+//! sigmoid(`shared_expert_gate` . x).
 
 use std::sync::Arc;
 
 use strata_formats::{Checkpoint, JsonConfig};
 
 use crate::decoder::{Attention, Block, Decoder, Ffn};
-use crate::layers::attention::GqaAttention;
+use crate::layers::attention::{GqaAttention, GqaBiases};
 use crate::layers::math::Activation;
 use crate::layers::mlp::Mlp;
 use crate::layers::moe::{MoeLayer, Router, RoutingRule};
@@ -18,6 +22,11 @@ use crate::weights::{load_linear, load_vector};
 use crate::{ExpertLayout, Model, ModelInfo, Result};
 
 struct Config {
+    /// Qwen2-MoE rather than Qwen3-MoE.
+    qwen2: bool,
+    /// Qwen2-MoE: biases on q, k, v; its shared expert's width.
+    qkv_bias: bool,
+    shared_inter: usize,
     vocab: usize,
     hidden: usize,
     inter: usize,
@@ -39,7 +48,15 @@ impl Config {
     fn read(cfg: &JsonConfig) -> Result<Config> {
         let hidden = cfg.usize("hidden_size")?;
         let n_heads = cfg.usize("num_attention_heads")?;
+        let qwen2 = cfg.opt_str("model_type")? == Some("qwen2_moe");
         let c = Config {
+            qwen2,
+            qkv_bias: qwen2 && cfg.opt_bool("qkv_bias")?.unwrap_or(true),
+            shared_inter: if qwen2 {
+                cfg.opt_usize("shared_expert_intermediate_size")?.unwrap_or(0)
+            } else {
+                0
+            },
             vocab: cfg.usize("vocab_size")?,
             hidden,
             inter: cfg.usize("intermediate_size")?,
@@ -98,17 +115,47 @@ pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, loading: &Loading) -> Result<Bo
         let c = c.clone();
         Arc::new(move |ckpt: &Checkpoint, l: usize| -> Result<Block> {
             let p = names::layer(l);
-            let attn = GqaAttention::load(
+            let base = format!("{p}.self_attn");
+            let mut attn = GqaAttention::load(
                 ckpt,
-                &format!("{p}.self_attn"),
+                &base,
                 c.hidden,
                 c.n_heads,
                 c.n_kv_heads,
                 c.head_dim,
-                true,
+                !c.qwen2,
                 rope.clone(),
                 c.eps,
             )?;
+            if c.qkv_bias {
+                let bias = |proj: &str, n: usize| load_vector(ckpt, &format!("{base}.{proj}.bias"), n);
+                let kv = c.n_kv_heads * c.head_dim;
+                attn.biases = Some(Box::new(GqaBiases {
+                    q: bias("q_proj", c.n_heads * c.head_dim)?,
+                    k: bias("k_proj", kv)?,
+                    v: bias("v_proj", kv)?,
+                    o: None,
+                }));
+            }
+            let shared = |name: &str| -> Result<Mlp> {
+                Ok(Mlp {
+                    gate: load_linear(
+                        ckpt,
+                        &format!("{p}.mlp.{name}.gate_proj"),
+                        c.shared_inter,
+                        c.hidden,
+                    )?,
+                    up: load_linear(ckpt, &format!("{p}.mlp.{name}.up_proj"), c.shared_inter, c.hidden)?,
+                    down: load_linear(
+                        ckpt,
+                        &format!("{p}.mlp.{name}.down_proj"),
+                        c.hidden,
+                        c.shared_inter,
+                    )?,
+                    act: Activation::Silu,
+                })
+            };
+            let has_shared = c.shared_inter > 0;
             let ffn = if c.is_moe(l) {
                 Ffn::Moe(MoeLayer {
                     layer: l,
@@ -119,8 +166,22 @@ pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, loading: &Loading) -> Result<Bo
                             norm_topk_prob: c.norm_topk_prob,
                         },
                     },
-                    shared: None,
+                    shared: if has_shared {
+                        Some(shared("shared_expert")?)
+                    } else {
+                        None
+                    },
                     latent: None,
+                    shared_gate: if has_shared {
+                        Some(load_linear(
+                            ckpt,
+                            &format!("{p}.mlp.shared_expert_gate"),
+                            1,
+                            c.hidden,
+                        )?)
+                    } else {
+                        None
+                    },
                     act: Activation::Silu,
                     store: store.clone(),
                 })
@@ -145,8 +206,14 @@ pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, loading: &Loading) -> Result<Bo
     let (embed, norm, lm_head) = load_ends(cfg, ckpt, c.vocab, c.hidden)?;
     Ok(Box::new(Decoder {
         info: ModelInfo {
-            architecture: cfg.architecture().unwrap_or("Qwen3MoeForCausalLM").to_string(),
-            model_type: "qwen3_moe".into(),
+            architecture: (cfg.architecture())
+                .unwrap_or(if c.qwen2 {
+                    "Qwen2MoeForCausalLM"
+                } else {
+                    "Qwen3MoeForCausalLM"
+                })
+                .to_string(),
+            model_type: if c.qwen2 { "qwen2_moe" } else { "qwen3_moe" }.into(),
             family: "qwen3_moe",
             vocab_size: c.vocab,
             hidden_dim: c.hidden,

@@ -37,8 +37,8 @@ pub static FAMILIES: &[Family] = &[
     },
     Family {
         name: "qwen3_moe",
-        model_types: &["qwen3_moe"],
-        architectures: &["Qwen3MoeForCausalLM"],
+        model_types: &["qwen3_moe", "qwen2_moe"],
+        architectures: &["Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM"],
         expert_layout: crate::qwen3_moe::expert_layout,
         summary: crate::qwen3_moe::summary,
         inventory: None,

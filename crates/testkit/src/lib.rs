@@ -2,7 +2,7 @@
 //!
 //! Fixtures come from `../shared/fixtures` beside the repository (made by
 //! `shared/tools/make_fixtures.py`); `STRATA_FIXTURES` points elsewhere. The dense ones live in
-//! the repository, `tests/data/dense` (made by the script there). A missing folder fails the
+//! the repository, `tests/data` (made by the script there). A missing folder fails the
 //! test with this explanation: it is never a skip.
 
 use std::path::{Path, PathBuf};
@@ -25,16 +25,16 @@ pub fn fixtures_dir() -> PathBuf {
     dir.canonicalize().unwrap_or(dir)
 }
 
-/// The repository's own fixtures: dense models, with goldens from transformers.
-pub fn dense_fixtures_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/dense")
+/// The repository's own fixtures (dense models, Qwen2-MoE), with goldens from transformers.
+pub fn repo_fixtures_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data")
 }
 
 /// One fixture folder (e.g. `qwen3-moe-tiny`, `tokenizers/qwen3`, `llama-dense-tiny`).
 pub fn fixture(name: &str) -> PathBuf {
-    let dense = dense_fixtures_dir().join(name);
-    if DENSE_MODELS.contains(&name) && dense.is_dir() {
-        return dense.canonicalize().unwrap_or(dense);
+    let own = repo_fixtures_dir().join(name);
+    if REPO_MODELS.contains(&name) && own.is_dir() {
+        return own.canonicalize().unwrap_or(own);
     }
     if name == "strata-demo" {
         let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../cli/default-model");
@@ -55,9 +55,18 @@ pub const BF16_MODELS: &[&str] = &[
     "llama-dense-tiny",
     "qwen2-dense-tiny",
     "qwen3-dense-tiny",
+    "qwen2-moe-tiny",
 ];
 
-/// The dense ones among them (no experts), in the repository's `tests/data/dense`.
+/// The ones kept in the repository's `tests/data` rather than `../shared/fixtures`.
+pub const REPO_MODELS: &[&str] = &[
+    "llama-dense-tiny",
+    "qwen2-dense-tiny",
+    "qwen3-dense-tiny",
+    "qwen2-moe-tiny",
+];
+
+/// The dense ones among them (no experts).
 pub const DENSE_MODELS: &[&str] = &["llama-dense-tiny", "qwen2-dense-tiny", "qwen3-dense-tiny"];
 
 /// The BF16 models with routed experts.

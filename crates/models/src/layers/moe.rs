@@ -136,8 +136,10 @@ pub struct MoeLayer {
     /// Decoder layer index (the store's key).
     pub layer: usize,
     pub router: Router,
-    /// Shared experts, added unweighted (DeepSeek-V3: one MLP of n_shared x moe_inter).
+    /// Shared experts, added unweighted (DeepSeek-V3: one MLP of n_shared x moe_inter)...
     pub shared: Option<Mlp>,
+    /// ... or scaled per token by sigmoid(gate . x) (Qwen2-MoE's `shared_expert_gate`, (1, D)).
+    pub shared_gate: Option<Linear>,
     pub latent: Option<LatentProj>,
     /// The routed experts' activation.
     pub act: Activation,
@@ -201,8 +203,20 @@ impl MoeLayer {
         }
         // The shared expert runs first: its weights are resident, and the routed experts' reads
         // are in flight meanwhile.
-        let shared = self.shared.as_ref().map(|m| m.forward(x, n_tokens)); // (T, D)
-                                                                           // The experts' input: x itself, or its latent projection (T, L).
+        let shared = self.shared.as_ref().map(|m| {
+            let mut ys = m.forward(x, n_tokens); // (T, D)
+            if let Some(gate) = &self.shared_gate {
+                let mut g = vec![0f32; n_tokens]; // (T, 1)
+                gate.matmul(x, n_tokens, &mut g);
+                let width = ys.len() / n_tokens.max(1);
+                for (row, g) in ys.chunks_exact_mut(width).zip(&g) {
+                    let s = sigmoid(*g);
+                    row.iter_mut().for_each(|v| *v *= s);
+                }
+            }
+            ys
+        });
+        // The experts' input: x itself, or its latent projection (T, L).
         let latent_x = self.latent.as_ref().map(|lat| {
             let mut z = vec![0f32; n_tokens * lat.down.out_dim];
             lat.down.matmul(x, n_tokens, &mut z);
