@@ -241,6 +241,42 @@ def add_vocab(w, folder, vocab_size):
     special.add_to_gguf(w)
 
 
+def add_spm_vocab(w, model_file, vocab_size):
+    """A SentencePiece model's vocabulary as llama.cpp's converter writes it (`llama`: pieces,
+    scores, types; byte pieces as BYTE), padded with unused [PADn] to the embedding's rows."""
+    import sentencepiece
+
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(model_file))
+    tokens, scores, types = [], [], []
+    for i in range(sp.vocab_size()):
+        tokens.append(sp.id_to_piece(i))
+        scores.append(sp.get_score(i))
+        if sp.is_unknown(i):
+            types.append(gguf.TokenType.UNKNOWN)
+        elif sp.is_control(i):
+            types.append(gguf.TokenType.CONTROL)
+        elif sp.is_byte(i):
+            types.append(gguf.TokenType.BYTE)
+        elif sp.is_unused(i):
+            types.append(gguf.TokenType.UNUSED)
+        else:
+            types.append(gguf.TokenType.NORMAL)
+    for i in range(len(tokens), vocab_size):
+        tokens.append(f"[PAD{i}]")
+        scores.append(-1000.0)
+        types.append(gguf.TokenType.UNUSED)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(sp.bos_id())
+    w.add_eos_token_id(sp.eos_id())
+    w.add_unk_token_id(sp.unk_id())
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+
+
 def add_hparams(w, cfg, arch):
     """The keys llama.cpp's converter writes for the architecture."""
     heads = cfg["num_attention_heads"]
@@ -384,6 +420,11 @@ def main():
         help="also write the model folder with F32 weights equal to what the GGUF stores (gguf's dequantize)",
     )
     ap.add_argument(
+        "--spm-model",
+        metavar="FILE",
+        help="write this SentencePiece model's vocabulary (llama.cpp's `llama` type) instead of tokenizer.json's",
+    )
+    ap.add_argument(
         "--whole-kv-b",
         action="store_true",
         help="DeepSeek: keep kv_b_proj whole (older conversions) instead of k_b and v_b",
@@ -402,7 +443,9 @@ def main():
     add_hparams(w, cfg, arch)
     outtype, file_type = OUTTYPES[args.outtype]
     w.add_file_type(file_type)
-    if (folder / "tokenizer.json").exists():
+    if args.spm_model:
+        add_spm_vocab(w, args.spm_model, cfg["vocab_size"])
+    elif (folder / "tokenizer.json").exists():
         add_vocab(w, folder, cfg["vocab_size"])
     else:
         add_placeholder_vocab(w, cfg)

@@ -140,7 +140,7 @@ fn a_vocabulary_not_supported_yet_leaves_token_ids_working() {
     let path = tmp("vocab.gguf");
     let mut w = qwen3moe();
     w.kv("qwen3moe.attention.key_length", Value::U32(32));
-    w.kv("tokenizer.ggml.model", Value::String("llama".into()));
+    w.kv("tokenizer.ggml.model", Value::String("bert".into()));
     qwen3moe_tensors(&mut w);
     w.write(&path).unwrap();
     let run = |args: &[&str]| {
@@ -154,7 +154,7 @@ fn a_vocabulary_not_supported_yet_leaves_token_ids_working() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(
-        stderr.contains("vocabulary type `llama` is not supported yet"),
+        stderr.contains("vocabulary type `bert` is not supported yet"),
         "{stderr}"
     );
     assert!(stderr.contains("token ids only"), "{stderr}");
@@ -164,7 +164,7 @@ fn a_vocabulary_not_supported_yet_leaves_token_ids_working() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
-        stderr.contains("vocab.gguf") && stderr.contains("`llama`"),
+        stderr.contains("vocab.gguf") && stderr.contains("`bert`"),
         "{stderr}"
     );
 }

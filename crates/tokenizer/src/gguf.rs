@@ -1,8 +1,9 @@
 //! The tokenizer a GGUF file carries (`tokenizer.ggml.*`, `tokenizer.chat_template`), rebuilt as
 //! the `tokenizer.json` it came from: a byte-level BPE (`gpt2` model) with its merges, added
-//! tokens from the token types, the pre-tokenizer that `tokenizer.ggml.pre` names, BOS added when
-//! `tokenizer.ggml.add_bos_token` says so. The special tokens and template become the
-//! `tokenizer_config.json` keys the rest of the crate reads.
+//! tokens from the token types, the pre-tokenizer that `tokenizer.ggml.pre` names; or a
+//! SentencePiece vocabulary (`llama` model, `gguf_spm.rs`); BOS added when
+//! `tokenizer.ggml.add_bos_token` says so (by default for SentencePiece). The special tokens and
+//! template become the `tokenizer_config.json` keys the rest of the crate reads.
 
 use serde_json::{json, Value};
 use strata_formats::gguf::{Gguf, Value as Meta};
@@ -11,11 +12,23 @@ use crate::tokenizer::Tokenizer;
 use crate::{ChatTemplate, Result, TokenizerError};
 
 /// llama.cpp's token types.
-const CONTROL: i64 = 3;
-const USER_DEFINED: i64 = 4;
+pub(crate) const UNKNOWN: i64 = 2;
+pub(crate) const CONTROL: i64 = 3;
+pub(crate) const USER_DEFINED: i64 = 4;
 /// Ids no text maps to (the padding past a vocabulary): left out, so they are never decoded
 /// (and never sampled).
-const UNUSED: i64 = 5;
+pub(crate) const UNUSED: i64 = 5;
+
+/// A vocabulary's pieces of its tokenizer.json.
+pub(crate) struct Parts {
+    pub added: Vec<Value>,
+    pub normalizer: Value,
+    pub pre_tokenizer: Value,
+    pub decoder: Value,
+    pub model: Value,
+    /// Whether BOS is added when `tokenizer.ggml.add_bos_token` is absent.
+    pub add_bos_default: bool,
+}
 
 /// Byte-level BPE pre-tokenizers by llama.cpp's name: (names, split pattern, NFC first).
 const PRE: &[(&[&str], &str, bool)] = &[
@@ -36,7 +49,7 @@ const PRE: &[(&[&str], &str, bool)] = &[
     ),
 ];
 
-fn bad(g: &Gguf, key: &str, reason: impl std::fmt::Display) -> TokenizerError {
+pub(crate) fn bad(g: &Gguf, key: &str, reason: impl std::fmt::Display) -> TokenizerError {
     TokenizerError::file(&g.paths[0], format!("key `{key}`: {reason}"))
 }
 
@@ -75,16 +88,16 @@ pub fn has_tokenizer(g: &Gguf) -> bool {
 /// The tokenizer of a GGUF model.
 pub fn from_gguf(g: &Gguf) -> Result<Tokenizer> {
     let model = g.opt_str("tokenizer.ggml.model").ok().flatten().unwrap_or("");
-    if model != "gpt2" {
+    if !matches!(model, "gpt2" | "llama") {
         return Err(bad(
             g,
             "tokenizer.ggml.model",
-            format!("vocabulary type `{model}` is not supported yet (supported: gpt2, byte-level BPE)"),
+            format!(
+                "vocabulary type `{model}` is not supported yet (supported: gpt2, byte-level BPE; llama, SentencePiece)"
+            ),
         ));
     }
     let tokens = strings(g, "tokenizer.ggml.tokens")?;
-    let merges = strings(g, "tokenizer.ggml.merges")?;
-    let total_merges = merges.len();
     let types: Vec<i64> = match g.get("tokenizer.ggml.token_type").and_then(Meta::as_array) {
         Some(list) if list.len() == tokens.len() => list.iter().map(|v| v.as_i64().unwrap_or(1)).collect(),
         Some(list) => {
@@ -96,6 +109,18 @@ pub fn from_gguf(g: &Gguf) -> Result<Tokenizer> {
         }
         None => vec![1; tokens.len()],
     };
+    let parts = if model == "llama" {
+        crate::gguf_spm::parts(g, &tokens, &types)?
+    } else {
+        byte_level(g, &tokens, &types)?
+    };
+    build(g, &tokens, parts)
+}
+
+/// A byte-level BPE's pieces: its merges and the pre-tokenizer `tokenizer.ggml.pre` names.
+fn byte_level(g: &Gguf, tokens: &[&str], types: &[i64]) -> Result<Parts> {
+    let merges = strings(g, "tokenizer.ggml.merges")?;
+    let total_merges = merges.len();
     let pre_name = g
         .opt_str("tokenizer.ggml.pre")
         .ok()
@@ -115,7 +140,7 @@ pub fn from_gguf(g: &Gguf) -> Result<Tokenizer> {
 
     let mut vocab = serde_json::Map::new();
     let mut added = Vec::new();
-    for (i, (&t, &ty)) in tokens.iter().zip(&types).enumerate() {
+    for (i, (&t, &ty)) in tokens.iter().zip(types).enumerate() {
         if ty == UNUSED {
             continue;
         }
@@ -145,15 +170,32 @@ pub fn from_gguf(g: &Gguf) -> Result<Tokenizer> {
             total_merges - merges.len()
         );
     }
+    let byte_level =
+        json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false});
+    Ok(Parts {
+        added,
+        normalizer: if nfc { json!({"type": "NFC"}) } else { Value::Null },
+        pre_tokenizer: json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false},
+            byte_level,
+        ]}),
+        decoder: json!({"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true}),
+        model: json!({"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                      "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                      "ignore_merges": false, "vocab": vocab, "merges": merges}),
+        add_bos_default: false,
+    })
+}
+
+/// The tokenizer from a vocabulary's pieces: BOS, EOS, the template.
+fn build(g: &Gguf, tokens: &[&str], parts: Parts) -> Result<Tokenizer> {
     let n = tokens.len();
     let bos = id(g, "tokenizer.ggml.bos_token_id", n)?;
     let eos = id(g, "tokenizer.ggml.eos_token_id", n)?;
     let add_bos = g
         .get("tokenizer.ggml.add_bos_token")
         .and_then(Meta::as_bool)
-        .unwrap_or(false);
-    let byte_level =
-        json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false});
+        .unwrap_or(parts.add_bos_default);
     let post = match (add_bos, bos) {
         (true, Some(b)) => json!({
             "type": "TemplateProcessing",
@@ -168,17 +210,12 @@ pub fn from_gguf(g: &Gguf) -> Result<Tokenizer> {
         "version": "1.0",
         "truncation": null,
         "padding": null,
-        "added_tokens": added,
-        "normalizer": if nfc { json!({"type": "NFC"}) } else { Value::Null },
-        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false},
-            byte_level,
-        ]},
+        "added_tokens": parts.added,
+        "normalizer": parts.normalizer,
+        "pre_tokenizer": parts.pre_tokenizer,
         "post_processor": post,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
-        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
-                  "ignore_merges": false, "vocab": vocab, "merges": merges},
+        "decoder": parts.decoder,
+        "model": parts.model,
     });
     let tok: tokenizers::Tokenizer = json.to_string().parse().map_err(|e| {
         TokenizerError::file(

@@ -7,6 +7,7 @@
 mod chat;
 mod error;
 pub mod gguf;
+mod gguf_spm;
 mod pyjson;
 mod stream;
 mod tiktoken;
