@@ -149,3 +149,26 @@ def test_a_prefix_cache_folder_needs_the_cache_and_a_usable_folder():
             capture_output=True, text=True, timeout=60,
         )
         assert r.returncode != 0 and "--prefix-cache-dir" in r.stderr and "a-file" in r.stderr, r.stderr
+
+
+def test_a_client_that_leaves_leaves_its_state_for_the_next_request():
+    server = Server(fixtures() / "qwen3-moe-tiny")
+    try:
+        client = server.client()
+        model = client.models.list().data[0].id
+        messages = [{"role": "user", "content": "Tell me a long story about a king."}]
+        stream = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=500, temperature=0, stream=True,
+            extra_body={"ignore_eos": True})
+        for i, _ in enumerate(stream):
+            if i == 3:
+                break
+        stream.close()  # the client goes away mid-answer
+        deadline = time.time() + 10
+        while metric(server, "running_sequences") and time.time() < deadline:
+            time.sleep(0.05)
+        r = client.chat.completions.create(model=model, messages=messages, max_tokens=2, temperature=0)
+        # The whole prompt but its last token comes from what the cancelled request left.
+        assert r.usage.prompt_tokens_details.cached_tokens == r.usage.prompt_tokens - 1, r.usage
+    finally:
+        server.stop()

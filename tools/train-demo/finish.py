@@ -27,7 +27,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from model import CONFIG, DemoModel  # noqa: E402
 
-PROMPTS = ["The king said", "And it came to pass in those days", "In the beginning"]
+PROMPTS = ["The king said", "And it came to pass in those days"]
 CHAT = 'What does "river" mean?'
 SPEC = {"family": "deepseek"}
 EOT = "<|endoftext|>"
@@ -46,7 +46,8 @@ def folder_files(weights, tokenizer, out):
 
 
 def prompts(mf, tok, valid_ids):
-    """Token ids: three plain prompts, the chat one, and two held-out windows (64, 200)."""
+    """Token ids: a plain prompt, the chat one, another plain one, and two held-out windows
+    (64 and 200 tokens)."""
     chat = tok.apply_chat_template([{"role": "user", "content": CHAT}], tokenize=False, add_generation_prompt=True)
     ids = [tok.encode(p, add_special_tokens=False) for p in PROMPTS[:1]]
     ids.append(tok.encode(chat, add_special_tokens=False))

@@ -225,7 +225,6 @@ impl CachedStore {
         self.shared.budget
     }
 
-    /// Whether predicted experts are read ahead (`--prefetch on`).
     /// Writes every routing decision from now on to `path` (`--trace`; see [`crate::RoutingLog`]).
     pub fn trace_to(&self, path: &std::path::Path) -> std::io::Result<()> {
         let expert_bytes = self.shared.plans.values().map(|p| p.bytes).max().unwrap_or(0);
@@ -243,6 +242,7 @@ impl CachedStore {
         self.routing_log.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// Whether predicted experts are read ahead (`--prefetch on`).
     pub fn prefetch_enabled(&self) -> bool {
         self.shared.prefetch
     }

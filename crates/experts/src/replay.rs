@@ -43,10 +43,10 @@ impl Group {
 }
 
 impl Requests {
-    /// Every expert access in order.
-    pub fn accesses(&self) -> Vec<Key> {
+    /// Every layer step's expert accesses, in order.
+    pub fn accesses(&self) -> Vec<Vec<Key>> {
         (self.groups.iter())
-            .flat_map(|g| g.union().into_iter().map(move |e| (g.layer, e)))
+            .map(|g| g.union().into_iter().map(|e| (g.layer, e)).collect())
             .collect()
     }
 }
@@ -58,30 +58,43 @@ pub enum Policy {
     Belady,
 }
 
-/// Hits of `policy` over `accesses` with room for `capacity` experts (the cache starts empty).
-pub fn hits(policy: Policy, capacity: usize, accesses: &[Key]) -> usize {
+/// Hits of `policy` over `steps` (each layer step's experts) with room for `capacity` experts
+/// (the cache starts empty), as the cache meets them: a step looks every expert up first (each
+/// lookup a tick of the clock), then inserts its misses (another tick each, the victim chosen
+/// as of it).
+pub fn hits(policy: Policy, capacity: usize, steps: &[Vec<Key>]) -> usize {
     if capacity == 0 {
         return 0;
     }
-    let next_use = next_uses(accesses);
+    let flat: Vec<Key> = steps.iter().flatten().copied().collect();
+    let next_use = next_uses(&flat);
     let mut held: HashMap<Key, Held> = HashMap::new();
-    let mut hits = 0;
-    for (tick, &key) in accesses.iter().enumerate() {
-        let tick = tick as u64 + 1;
-        let next = next_use[tick as usize - 1];
-        if let Some(e) = held.get_mut(&key) {
-            hits += 1;
-            if let Policy::Cache(Eviction::LfuDecay { half_life }) = policy {
-                e.1 = decayed(e.1, tick - e.0, half_life) + 1.0;
+    let (mut hits, mut clock, mut at) = (0, 0u64, 0);
+    for step in steps {
+        let mut missed = Vec::new();
+        for &key in step {
+            clock += 1;
+            let next = next_use[at];
+            at += 1;
+            match held.get_mut(&key) {
+                Some(e) => {
+                    hits += 1;
+                    if let Policy::Cache(Eviction::LfuDecay { half_life }) = policy {
+                        e.1 = decayed(e.1, clock - e.0, half_life) + 1.0;
+                    }
+                    *e = (clock, e.1, next);
+                }
+                None => missed.push((key, next)),
             }
-            *e = (tick, e.1, next);
-            continue;
         }
-        if held.len() == capacity {
-            let victim = victim(policy, &held, tick);
-            held.remove(&victim);
+        for (key, next) in missed {
+            if held.len() == capacity {
+                let victim = victim(policy, &held, clock);
+                held.remove(&victim);
+            }
+            clock += 1;
+            held.insert(key, (clock, 1.0, next));
         }
-        held.insert(key, (tick, 1.0, next));
     }
     hits
 }
@@ -170,8 +183,9 @@ impl Requests {
 mod tests {
     use super::*;
 
-    fn keys(ids: &[usize]) -> Vec<Key> {
-        ids.iter().map(|&e| (0, e)).collect()
+    /// One step per access.
+    fn keys(ids: &[usize]) -> Vec<Vec<Key>> {
+        ids.iter().map(|&e| vec![(0, e)]).collect()
     }
 
     #[test]
@@ -200,7 +214,14 @@ mod tests {
             (x % n) as usize
         };
         for _ in 0..20 {
-            let a: Vec<Key> = (0..300).map(|_| (draw(3), draw(12))).collect();
+            let a: Vec<Vec<Key>> = (0..100)
+                .map(|_| {
+                    let mut step: Vec<Key> = (0..3).map(|_| (draw(3), draw(12))).collect();
+                    step.sort_unstable();
+                    step.dedup();
+                    step
+                })
+                .collect();
             for cap in [1, 4, 9, 20] {
                 let best = hits(Policy::Belady, cap, &a);
                 for p in [Eviction::Lru, Eviction::LfuDecay { half_life: 64 }] {

@@ -258,7 +258,7 @@ impl MemoryPlan {
         };
         // Under a tight --mem, a default prompt chunk shrinks (to PREFILL_CHUNK_STEP at least)
         // before any layer is streamed: a smaller chunk only slows prompts a little.
-        if options.prefill_chunk.is_none() {
+        if options.prefill_chunk.is_none() && spine != SpineMode::Stream {
             while !fits(&p) && p.prefill_chunk > PREFILL_CHUNK_STEP {
                 p.prefill_chunk =
                     (p.prefill_chunk / 2 / PREFILL_CHUNK_STEP * PREFILL_CHUNK_STEP).max(PREFILL_CHUNK_STEP);

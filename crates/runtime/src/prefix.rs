@@ -226,7 +226,9 @@ impl PrefixCache {
         if let Some((snapshot, n)) = self.disk.as_mut().and_then(|d| d.lookup(prompt, most, beat)) {
             let resume = snapshot.resume(n);
             self.remember(Arc::new(snapshot));
-            return resume;
+            if resume.is_some() {
+                return resume;
+            }
         }
         let (at, n) = ram?;
         self.clock += 1;

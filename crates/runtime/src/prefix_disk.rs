@@ -29,7 +29,10 @@ const VERSION: u32 = 1;
 /// Bytes before the header: magic, version, header length.
 const LEAD: usize = 16;
 /// A header longer than this is not one strata wrote (a 1M-token prompt's is ~8 MB).
-const MAX_HEADER: usize = 256 << 20;
+const MAX_HEADER: usize = 64 << 20;
+/// Bytes of writes queued at most: past it a snapshot is not written (memory the writer holds
+/// must stay bounded when the disk is slower than the requests).
+const MAX_QUEUED: u64 = 1 << 30;
 
 /// One layer's shape: k_dim, v_dim, recurrent values, convolution values.
 type Shape = [usize; 4];
@@ -82,6 +85,8 @@ enum Op {
 }
 
 pub struct PrefixDisk {
+    /// Files queued for writing and their bytes (a lookup skips them; the writer clears them).
+    pending: Arc<std::sync::Mutex<(std::collections::HashSet<PathBuf>, u64)>>,
     dir: PathBuf,
     key: String,
     budget: u64,
@@ -102,15 +107,27 @@ impl PrefixDisk {
         let dir = root.join(key);
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let (writer, ops) = channel::<Op>();
+        let pending = Arc::new(std::sync::Mutex::new((std::collections::HashSet::new(), 0u64)));
+        let done = pending.clone();
         std::thread::Builder::new()
             .name("strata-prefix-disk".into())
             .spawn(move || {
                 for op in ops {
+                    let written = match &op {
+                        Op::Write { path, snapshot, .. } => Some((path.clone(), snapshot.bytes() as u64)),
+                        _ => None,
+                    };
                     run(op);
+                    if let Some((path, bytes)) = written {
+                        let mut p = done.lock().unwrap_or_else(|e| e.into_inner());
+                        p.0.remove(&path);
+                        p.1 = p.1.saturating_sub(bytes);
+                    }
                 }
             })
             .map_err(|e| format!("starting the prefix cache's writer: {e}"))?;
         let mut disk = PrefixDisk {
+            pending,
             dir,
             key: key.to_string(),
             budget,
@@ -152,7 +169,8 @@ impl PrefixDisk {
             let name = item.file_name().to_string_lossy().into_owned();
             if let Some(rest) = name.strip_suffix(".tmp") {
                 let pid = rest.rsplit('.').next().and_then(|p| p.parse::<i32>().ok());
-                if pid.is_none_or(|p| !alive(p)) {
+                // Our own pid: a crashed run's (a container restarts with the same pid).
+                if pid.is_none_or(|p| !alive(p) || p as u32 == std::process::id()) {
                     let _ = std::fs::remove_file(&path);
                 }
                 continue;
@@ -210,7 +228,10 @@ impl PrefixDisk {
     pub(crate) fn lookup(&mut self, prompt: &[u32], most: usize, beat: usize) -> Option<(Snapshot, usize)> {
         loop {
             let recurrent = self.recurrent;
+            let pending = self.pending.lock().unwrap_or_else(|e| e.into_inner()).0.clone();
             let (at, n) = (self.index.iter().enumerate())
+                // A file still being written is not there yet (memory has its state meanwhile).
+                .filter(|(_, e)| !pending.contains(&e.path(&self.dir)))
                 .map(|(i, e)| {
                     (
                         i,
@@ -220,7 +241,15 @@ impl PrefixDisk {
                 .filter(|&(_, n)| n > beat)
                 .max_by_key(|&(i, n)| (n, self.index[i].used))?;
             let path = self.index[at].path(&self.dir);
-            let read = read_file(&path).and_then(|(h, values)| {
+            let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+            let expected = self.index[at].bytes;
+            let read = (if size == expected {
+                Ok(())
+            } else {
+                Err(format!("{size} bytes where {expected} were written"))
+            })
+            .and_then(|()| read_file(&path))
+            .and_then(|(h, values)| {
                 self.check(&h)?;
                 if h.tokens != self.index[at].tokens {
                     return Err("its tokens changed since it was listed".into());
@@ -270,6 +299,17 @@ impl PrefixDisk {
         if bytes > self.budget {
             return;
         }
+        {
+            let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            if p.1 + s.bytes() as u64 > MAX_QUEUED {
+                tracing::warn!(
+                    "prefix cache: the disk is behind ({} MiB queued); a state is not written",
+                    p.1 >> 20
+                );
+                return;
+            }
+            p.1 += s.bytes() as u64;
+        }
         let mut h = Xxh3::new();
         h.update(&header);
         let entry = DiskEntry {
@@ -280,8 +320,14 @@ impl PrefixDisk {
             used: clock,
         };
         // Written before what it stands for is removed: a stop between them loses nothing.
+        let path = entry.path(&self.dir);
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+            .insert(path.clone());
         let _ = self.writer.send(Op::Write {
-            path: entry.path(&self.dir),
+            path,
             header,
             snapshot: s.clone(),
         });
@@ -404,10 +450,14 @@ fn parse_header(bytes: &[u8]) -> Result<Header, String> {
 /// The header of a file, and its length (for the values after it).
 fn read_header(path: &Path) -> Result<(Header, usize), String> {
     let mut f = File::open(path).map_err(|e| e.to_string())?;
+    let size = f.metadata().map_err(|e| e.to_string())?.len();
     let mut lead = [0u8; LEAD];
     f.read_exact(&mut lead)
         .map_err(|_| "shorter than its lead".to_string())?;
     let n = lead_header_len(&lead)?;
+    if (LEAD + n + 8) as u64 > size {
+        return Err(format!("a header of {n} bytes in a file of {size}"));
+    }
     let mut bytes = vec![0u8; n];
     f.read_exact(&mut bytes)
         .map_err(|_| "shorter than its header".to_string())?;

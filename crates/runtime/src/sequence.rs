@@ -8,6 +8,9 @@ use crate::{
     Engine, EngineError, FinishReason, GenEvent, Request, RequestExtras, Sampler, StopMatcher, TokenLogprobs,
 };
 
+/// Copies of a recurrent state one sequence keeps at most (see [`SeqState::mark`]).
+pub(crate) const MAX_MARKS: usize = 16;
+
 pub(crate) struct SeqState {
     /// The caller's id for this sequence.
     pub id: u64,
@@ -92,13 +95,23 @@ impl SeqState {
         }
     }
 
-    /// Keeps a copy of its recurrent state where it stands (none without one).
+    /// Keeps a copy of its recurrent state where it stands (none without one). Past
+    /// [`MAX_MARKS`] copies, every other older one goes (the spacing doubles), so a long prompt's
+    /// copies stay bounded.
     pub fn mark(&mut self) {
         let at = self.cache.len;
         if self.cache.has_recurrent() && self.marks.last().is_none_or(|m| m.at < at) {
             let mut state = Vec::new();
             self.cache.save_recurrent(&mut state);
             self.marks.push(crate::Mark { at, state });
+            if self.marks.len() > MAX_MARKS {
+                let last = self.marks.len() - 1;
+                let mut i = 0;
+                self.marks.retain(|_| {
+                    i += 1;
+                    (i - 1) % 2 == 1 || i - 1 == last
+                });
+            }
         }
     }
 

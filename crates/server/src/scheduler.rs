@@ -202,7 +202,7 @@ impl Scheduler {
                     reason: None,
                 };
                 let mut batch = Batch::new(&engine);
-                batch.mark_prompts(true);
+                batch.mark_prompts(engine.memory.prefix_cache > 0);
                 let mut engine_thread = EngineThread {
                     engine: &engine,
                     health: guard.tx.clone(),
@@ -348,6 +348,9 @@ impl EngineThread<'_> {
             Work::Job(job) => self.queue.push_back((*job, Instant::now())),
             Work::Flush(done) => {
                 self.prefix.flush();
+                if let Some(store) = &self.engine.experts {
+                    let _ = store.flush_trace();
+                }
                 let _ = done.send(());
             }
         }
@@ -372,6 +375,15 @@ impl EngineThread<'_> {
             self.batch.cancel(id);
             self.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
             self.release(id);
+            self.keep_state(id);
+        }
+    }
+
+    /// What sequence `id` (gone from the batch) leaves in its cache, kept for requests that begin
+    /// the same way.
+    fn keep_state(&mut self, id: u64) {
+        if let Some(snapshot) = self.batch.take_kept(id) {
+            self.prefix.insert(snapshot);
         }
     }
 
@@ -500,10 +512,7 @@ impl EngineThread<'_> {
         for id in left.into_iter().chain(gone) {
             self.batch.cancel(id);
             self.release(id);
-            // What it leaves in its cache, for requests that begin the same way.
-            if let Some(snapshot) = self.batch.take_kept(id) {
-                self.prefix.insert(snapshot);
-            }
+            self.keep_state(id);
         }
         self.metrics
             .prefix_bytes

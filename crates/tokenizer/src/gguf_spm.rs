@@ -54,7 +54,7 @@ pub(crate) fn parts(g: &Gguf, tokens: &[&str], types: &[i64]) -> Result<Parts> {
         }
         // Every piece stays in the model's vocabulary too, as transformers keeps it.
         vocab.insert(t.to_string(), json!(i));
-        ids.entry(t).or_insert(i);
+        ids.insert(t, i); // a repeated piece is its last id, as in the vocabulary
     }
     let merges = merges(tokens, types, &scores, &ids);
     let prefix = g

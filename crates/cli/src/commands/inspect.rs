@@ -165,10 +165,14 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
         plan.hidden_dim,
         plan.vocab_size
     );
-    println!(
-        "experts          {} routed per MoE layer, {} active per token, intermediate {}",
-        l.n_experts, l.top_k, l.inter_dim
-    );
+    if l.moe_layers.is_empty() {
+        println!("experts          none: a dense model (every weight resident or streamed by layer)");
+    } else {
+        println!(
+            "experts          {} routed per MoE layer, {} active per token, intermediate {}",
+            l.n_experts, l.top_k, l.inter_dim
+        );
+    }
     println!(
         "parameters       {} total, {} active per token (input embedding not counted)",
         human_count(plan.total_params),

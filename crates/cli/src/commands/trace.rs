@@ -110,7 +110,8 @@ fn capacity(text: &str, all: usize) -> Result<usize> {
 pub fn trace(args: TraceArgs) -> Result<()> {
     let t = read(&args.file)?;
     let all = t.moe_layers * t.n_experts;
-    let accesses = t.requests.accesses();
+    let steps = t.requests.accesses();
+    let accesses: usize = steps.iter().map(Vec::len).sum();
     let lfu = Eviction::LfuDecay {
         half_life: args.lfu_half_life,
     };
@@ -124,7 +125,7 @@ pub fn trace(args: TraceArgs) -> Result<()> {
         let cap = capacity(size, all)?;
         let mut row = json!({"experts": cap, "share": cap as f64 / all.max(1) as f64});
         for (name, p) in policies {
-            row[name] = json!(hits(p, cap, &accesses) as f64 / accesses.len().max(1) as f64);
+            row[name] = json!(hits(p, cap, &steps) as f64 / accesses.max(1) as f64);
         }
         rows.push(row);
     }
@@ -133,7 +134,7 @@ pub fn trace(args: TraceArgs) -> Result<()> {
     let one_token = t.requests.groups.iter().filter(|g| g.tokens.len() == 1).count();
     let out = json!({
         "moe_layers": t.moe_layers, "n_experts": t.n_experts, "groups": t.requests.groups.len(),
-        "one_token_groups": one_token, "accesses": accesses.len(), "hit_rates": rows,
+        "one_token_groups": one_token, "accesses": accesses, "hit_rates": rows,
         "lfu_half_life": args.lfu_half_life,
         "next_layer_guess": {"recall": g_recall, "precision": g_precision, "layers": g_n},
         "previous_token": {"recall": p_recall, "precision": p_precision, "pairs": p_n},
@@ -148,7 +149,7 @@ pub fn trace(args: TraceArgs) -> Result<()> {
         t.moe_layers,
         t.n_experts,
         t.requests.groups.len(),
-        accesses.len()
+        accesses
     );
     println!(
         "cache (experts)   LRU      LFU (half-life {})   Belady (optimum)",
