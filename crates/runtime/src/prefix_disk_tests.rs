@@ -142,7 +142,8 @@ fn a_dead_process_s_temporary_files_are_removed() {
     let dead = s.0.join("k/abc.999999999.tmp");
     // Our own pid's: a crashed run that had it (a container restarts with the same pid).
     let ours = s.0.join(format!("k/abc.{}.tmp", std::process::id()));
-    let live = s.0.join(format!("k/abc.{}.tmp", std::os::unix::process::parent_id()));
+    let live =
+        s.0.join(format!("k/abc.{}.tmp", std::os::unix::process::parent_id()));
     for f in [&dead, &ours, &live] {
         std::fs::write(f, b"half").unwrap();
     }
