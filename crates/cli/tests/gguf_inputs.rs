@@ -168,3 +168,61 @@ fn a_vocabulary_not_supported_yet_leaves_token_ids_working() {
         "{stderr}"
     );
 }
+
+/// A dense `llama` GGUF with q/k/v biases but none on o (`qkv_bias`), linear rope scaling and a
+/// vocabulary of 8: it loads and runs; a bias's absence where the file names one is an error.
+#[test]
+fn a_dense_llama_with_q_k_v_biases_and_linear_rope_runs() {
+    let path = tmp("dense.gguf");
+    let write = |with_v_bias: bool| {
+        let mut w = GgufWriter::default();
+        w.kv("general.architecture", Value::String("llama".into()));
+        for (k, v) in [
+            ("block_count", 1),
+            ("context_length", 128),
+            ("embedding_length", 64),
+            ("feed_forward_length", 128),
+            ("attention.head_count", 2),
+            ("attention.head_count_kv", 1),
+        ] {
+            w.kv(&format!("llama.{k}"), Value::U32(v));
+        }
+        w.kv("llama.rope.scaling.type", Value::String("linear".into()));
+        w.kv("llama.rope.scaling.factor", Value::F32(2.0));
+        let f32s = |n: u64| -> Vec<u8> {
+            (0..n)
+                .flat_map(|i| ((i % 5) as f32 * 0.02).to_le_bytes())
+                .collect()
+        };
+        let mut t = |name: &str, dims: &[u64]| {
+            let n: u64 = dims.iter().product();
+            w.tensor(name, dims, GgmlType::F32, f32s(n));
+        };
+        t("token_embd.weight", &[64, 8]);
+        t("output_norm.weight", &[64]);
+        t("output.weight", &[64, 8]);
+        t("blk.0.attn_norm.weight", &[64]);
+        t("blk.0.attn_q.weight", &[64, 64]);
+        t("blk.0.attn_q.bias", &[64]);
+        t("blk.0.attn_k.weight", &[64, 32]);
+        t("blk.0.attn_k.bias", &[32]);
+        t("blk.0.attn_v.weight", &[64, 32]);
+        if with_v_bias {
+            t("blk.0.attn_v.bias", &[32]);
+        }
+        t("blk.0.attn_output.weight", &[64, 64]);
+        t("blk.0.ffn_norm.weight", &[64]);
+        t("blk.0.ffn_gate.weight", &[64, 128]);
+        t("blk.0.ffn_up.weight", &[64, 128]);
+        t("blk.0.ffn_down.weight", &[128, 64]);
+        w.write(&path).unwrap();
+    };
+    write(true);
+    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["logits", "--model", path.to_str().unwrap(), "--ids", "1,2,3"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    write(false);
+    expect_error(&path, &["dense.gguf", "blk.0.attn_v.bias"]);
+}

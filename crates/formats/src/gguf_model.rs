@@ -388,9 +388,10 @@ fn config(g: &Gguf, arch: &str, family: Family, tensors: &HashMap<String, Tensor
         set("rope_scaling", factors);
     }
     if !family.moe() {
-        // Qwen2's q/k/v biases are implied by its architecture; Llama's say so.
-        let biased = tensors.contains_key("model.layers.0.self_attn.o_proj.bias");
-        set("attention_bias", json!(biased));
+        // Qwen2's q/k/v biases are implied by its architecture; the others' are in the file.
+        let has = |t: &str| tensors.contains_key(&format!("model.layers.0.self_attn.{t}.bias"));
+        set("attention_bias", json!(has("o_proj")));
+        set("qkv_bias", json!(has("q_proj")));
         if family == Family::Llama {
             set("rope_interleaved", json!(true));
         }
@@ -589,9 +590,15 @@ fn rope_scaling(g: &Gguf, arch: &str) -> Result<Option<Json>> {
             }
             Ok(Some(yarn))
         }
+        Some("linear") => {
+            let factor = g.opt_f64(&key("factor"))?.unwrap_or(1.0);
+            Ok(Some(
+                json!({"rope_type": "linear", "type": "linear", "factor": factor}),
+            ))
+        }
         Some(other) => Err(g.key_error(
             &key("type"),
-            format!("rope scaling `{other}` is not supported (supported: yarn)"),
+            format!("rope scaling `{other}` is not supported (supported: yarn, linear)"),
         )),
     }
 }

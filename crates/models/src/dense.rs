@@ -65,7 +65,8 @@ impl Config {
             head_dim: cfg.opt_usize("head_dim")?.unwrap_or(hidden / n_heads.max(1)),
             eps: cfg.opt_f64("rms_norm_eps")?.unwrap_or(1e-6) as f32,
             max_pos: cfg.usize("max_position_embeddings")?,
-            qkv_bias: kind == Kind::Qwen2 || attention_bias,
+            // `qkv_bias`: q, k and v alone (a GGUF file whose o has none).
+            qkv_bias: kind == Kind::Qwen2 || attention_bias || cfg.opt_bool("qkv_bias")?.unwrap_or(false),
             o_bias: kind != Kind::Qwen2 && attention_bias,
             sliding_window: None,
         };
