@@ -107,17 +107,18 @@ fn a_truncated_gguf_is_named() {
     expect_error(&path, &["cut.gguf", "not a valid GGUF file"]);
 }
 
+/// Writes an F32 tensor of `dims` with small repeating values.
+fn small_f32(w: &mut GgufWriter, name: &str, dims: &[u64]) {
+    let n: u64 = dims.iter().product();
+    let bytes = (0..n)
+        .flat_map(|i| ((i % 7) as f32 * 0.01).to_le_bytes())
+        .collect();
+    w.tensor(name, dims, GgmlType::F32, bytes);
+}
+
 /// The tensors of `qwen3moe()`'s one layer (vocabulary of 8), F32, small values.
 fn qwen3moe_tensors(w: &mut GgufWriter) {
-    let f32s = |n: u64| -> Vec<u8> {
-        (0..n)
-            .flat_map(|i| ((i % 7) as f32 * 0.01).to_le_bytes())
-            .collect()
-    };
-    let mut t = |name: &str, dims: &[u64]| {
-        let n: u64 = dims.iter().product();
-        w.tensor(name, dims, GgmlType::F32, f32s(n));
-    };
+    let mut t = |name: &str, dims: &[u64]| small_f32(w, name, dims);
     t("token_embd.weight", &[64, 8]);
     t("output_norm.weight", &[64]);
     t("output.weight", &[64, 8]);
@@ -189,15 +190,7 @@ fn a_dense_llama_with_q_k_v_biases_and_linear_rope_runs() {
         }
         w.kv("llama.rope.scaling.type", Value::String("linear".into()));
         w.kv("llama.rope.scaling.factor", Value::F32(2.0));
-        let f32s = |n: u64| -> Vec<u8> {
-            (0..n)
-                .flat_map(|i| ((i % 5) as f32 * 0.02).to_le_bytes())
-                .collect()
-        };
-        let mut t = |name: &str, dims: &[u64]| {
-            let n: u64 = dims.iter().product();
-            w.tensor(name, dims, GgmlType::F32, f32s(n));
-        };
+        let mut t = |name: &str, dims: &[u64]| small_f32(&mut w, name, dims);
         t("token_embd.weight", &[64, 8]);
         t("output_norm.weight", &[64]);
         t("output.weight", &[64, 8]);

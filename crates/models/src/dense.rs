@@ -143,19 +143,8 @@ pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, loading: &Loading) -> Result<Bo
                 c.eps,
             )?;
             attn.sliding_window = c.sliding_window;
-            let bias = |proj: &str, n: usize| load_vector(ckpt, &format!("{base}.{proj}.bias"), n);
-            let (q_dim, kv_dim) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
             if c.qkv_bias {
-                attn.biases = Some(Box::new(GqaBiases {
-                    q: bias("q_proj", q_dim)?,
-                    k: bias("k_proj", kv_dim)?,
-                    v: bias("v_proj", kv_dim)?,
-                    o: if c.o_bias {
-                        Some(bias("o_proj", c.hidden)?)
-                    } else {
-                        None
-                    },
-                }));
+                attn.biases = Some(Box::new(GqaBiases::load(ckpt, &base, &attn, c.o_bias)?));
             }
             Ok(Block {
                 attn_norm: load_vector(ckpt, &format!("{p}.input_layernorm.weight"), c.hidden)?,

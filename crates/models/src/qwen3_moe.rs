@@ -128,14 +128,7 @@ pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, loading: &Loading) -> Result<Bo
                 c.eps,
             )?;
             if c.qkv_bias {
-                let bias = |proj: &str, n: usize| load_vector(ckpt, &format!("{base}.{proj}.bias"), n);
-                let kv = c.n_kv_heads * c.head_dim;
-                attn.biases = Some(Box::new(GqaBiases {
-                    q: bias("q_proj", c.n_heads * c.head_dim)?,
-                    k: bias("k_proj", kv)?,
-                    v: bias("v_proj", kv)?,
-                    o: None,
-                }));
+                attn.biases = Some(Box::new(GqaBiases::load(ckpt, &base, &attn, false)?));
             }
             let shared = |name: &str| -> Result<Mlp> {
                 Ok(Mlp {

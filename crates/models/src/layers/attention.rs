@@ -49,6 +49,30 @@ pub struct GqaBiases {
     pub o: Option<Vec<f32>>,
 }
 
+impl GqaBiases {
+    /// `{base}.{q,k,v}_proj.bias` (and `o_proj.bias` when `o`) for attention `a`'s shapes.
+    pub fn load(
+        ckpt: &strata_formats::Checkpoint,
+        base: &str,
+        a: &GqaAttention,
+        o: bool,
+    ) -> crate::Result<GqaBiases> {
+        let bias =
+            |proj: &str, n: usize| crate::weights::load_vector(ckpt, &format!("{base}.{proj}.bias"), n);
+        let (q, kv) = (a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim);
+        Ok(GqaBiases {
+            q: bias("q_proj", q)?,
+            k: bias("k_proj", kv)?,
+            v: bias("v_proj", kv)?,
+            o: if o {
+                Some(bias("o_proj", a.o.out_dim)?)
+            } else {
+                None
+            },
+        })
+    }
+}
+
 /// Adds `bias` to every row of `x`.
 fn add_rows(x: &mut [f32], bias: &[f32]) {
     for row in x.chunks_exact_mut(bias.len()) {
