@@ -425,6 +425,13 @@ def main():
         help="write this SentencePiece model's vocabulary (llama.cpp's `llama` type) instead of tokenizer.json's",
     )
     ap.add_argument(
+        "--split-max-tensors",
+        type=int,
+        default=0,
+        metavar="N",
+        help="split the model into files of at most N tensors each (OUT-00001-of-0000K.gguf ...)",
+    )
+    ap.add_argument(
         "--whole-kv-b",
         action="store_true",
         help="DeepSeek: keep kv_b_proj whole (older conversions) instead of k_b and v_b",
@@ -438,7 +445,7 @@ def main():
     arch = ARCHES[model_type]
     names = gguf.get_tensor_name_map(arch, cfg["num_hidden_layers"])
 
-    w = gguf.GGUFWriter(args.out, gguf.MODEL_ARCH_NAMES[arch])
+    w = gguf.GGUFWriter(args.out, gguf.MODEL_ARCH_NAMES[arch], split_max_tensors=args.split_max_tensors)
     w.add_name(folder.name)
     add_hparams(w, cfg, arch)
     outtype, file_type = OUTTYPES[args.outtype]

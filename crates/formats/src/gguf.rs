@@ -385,24 +385,46 @@ struct Parsed {
 }
 
 /// A reader of one file's header that knows how many bytes are left, so no count can ask for
-/// more than the file holds.
-struct Header<'a> {
-    r: BufReader<File>,
+/// more than the file holds. `avail` bytes can be read (all of them for a local file; the
+/// fetched prefix of a remote one, [`header_end`]): a read past them sets `short`.
+struct Header<'a, R: Read> {
+    r: R,
     path: &'a Path,
     pos: u64,
     len: u64,
+    avail: u64,
+    short: bool,
 }
 
-impl Header<'_> {
-    fn bytes<const N: usize>(&mut self, what: &str) -> Result<[u8; N]> {
-        let mut b = [0u8; N];
-        self.r.read_exact(&mut b).map_err(|_| {
+impl<R: Read> Header<'_, R> {
+    /// Fails (marking `short`) when the next `n` bytes are in the file but not in what can be
+    /// read: checked before anything is allocated for them.
+    fn within_prefix(&mut self, n: u64, what: &str) -> Result<()> {
+        if self.pos + n > self.avail && self.avail < self.len {
+            self.short = true;
+            return Err(bad(
+                self.path,
+                format!("the header goes on past byte {} ({what})", self.avail),
+            ));
+        }
+        Ok(())
+    }
+
+    fn read_exact(&mut self, b: &mut [u8], what: &str) -> Result<()> {
+        self.within_prefix(b.len() as u64, what)?;
+        self.r.read_exact(b).map_err(|_| {
             bad(
                 self.path,
                 format!("the file ends at byte {} inside the header ({what})", self.len),
             )
         })?;
-        self.pos += N as u64;
+        self.pos += b.len() as u64;
+        Ok(())
+    }
+
+    fn bytes<const N: usize>(&mut self, what: &str) -> Result<[u8; N]> {
+        let mut b = [0u8; N];
+        self.read_exact(&mut b, what)?;
         Ok(b)
     }
 
@@ -429,11 +451,9 @@ impl Header<'_> {
 
     fn string(&mut self, what: &str) -> Result<String> {
         let n = self.count(what, 1)? as usize;
+        self.within_prefix(n as u64, what)?;
         let mut b = vec![0u8; n];
-        self.r
-            .read_exact(&mut b)
-            .map_err(|e| bad(self.path, format!("reading {what}: {e}")))?;
-        self.pos += n as u64;
+        self.read_exact(&mut b, what)?;
         String::from_utf8(b).map_err(|_| bad(self.path, format!("{what} is not UTF-8")))
     }
 
@@ -487,7 +507,34 @@ fn parse_file(path: &Path, file: usize) -> Result<Parsed> {
         path,
         pos: 0,
         len,
+        avail: len,
+        short: false,
     };
+    parse_header(&mut h, file).map(|(parsed, _)| parsed)
+}
+
+/// Where the data section of a GGUF file of `file_len` bytes starts, from a prefix of it:
+/// `Ok(None)` when the header goes on past the prefix (fetch more and ask again), an error when
+/// the header is malformed. A remote GGUF's header is fetched this way before it is opened.
+pub fn header_end(prefix: &[u8], file_len: u64, path: &Path) -> Result<Option<u64>> {
+    let mut h = Header {
+        r: prefix,
+        path,
+        pos: 0,
+        len: file_len,
+        avail: (prefix.len() as u64).min(file_len),
+        short: false,
+    };
+    match parse_header(&mut h, 0) {
+        Ok((_, data_start)) => Ok(Some(data_start)),
+        Err(_) if h.short => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The header of one file: (what it holds, where its data section starts).
+fn parse_header<R: Read>(h: &mut Header<'_, R>, file: usize) -> Result<(Parsed, u64)> {
+    let (path, len) = (h.path, h.len);
     let magic = h.bytes::<4>("magic")?;
     if &magic != MAGIC {
         return Err(bad(path, format!("magic {magic:02x?} is not \"GGUF\"")));
@@ -554,11 +601,12 @@ fn parse_file(path: &Path, file: usize) -> Result<Parsed> {
     }
     let data_start = h.pos.div_ceil(alignment) * alignment;
     place_tensors(path, &mut tensors, alignment, data_start, len)?;
-    Ok(Parsed {
+    let parsed = Parsed {
         version,
         metadata,
         tensors,
-    })
+    };
+    Ok((parsed, data_start))
 }
 
 /// Sizes each tensor, makes its offset absolute, and checks that it is aligned, inside the file

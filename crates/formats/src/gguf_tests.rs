@@ -179,3 +179,49 @@ fn a_split_model_opens_from_its_first_file() {
         "{e}"
     );
 }
+
+#[test]
+fn a_header_is_found_from_prefixes_of_the_file() {
+    let bytes = sample().to_bytes();
+    let path = Path::new("remote.gguf");
+    let total = bytes.len() as u64;
+    let first_tensor = {
+        let dir = tmp("prefix");
+        let p = dir.join("m.gguf");
+        std::fs::write(&p, &bytes).unwrap();
+        Gguf::open(&p)
+            .unwrap()
+            .tensors
+            .iter()
+            .map(|t| t.offset)
+            .min()
+            .unwrap()
+    };
+    let mut found = None;
+    for len in 0..=bytes.len() {
+        match header_end(&bytes[..len], total, path).unwrap() {
+            None => assert!(found.is_none(), "a longer prefix than {found:?} asked for more"),
+            Some(end) => {
+                if found.is_none() {
+                    // The first prefix that holds the header: its end, up to the alignment.
+                    assert!(len as u64 <= end && end - (len as u64) < 32, "{len} -> {end}");
+                }
+                assert_eq!(*found.get_or_insert(end), end);
+            }
+        }
+    }
+    assert_eq!(
+        found,
+        Some(first_tensor),
+        "the data section starts at the first tensor"
+    );
+    // A malformed header is an error at once, not a request for more bytes.
+    let mut bad = bytes.clone();
+    bad[0] = b'X';
+    assert!(header_end(&bad[..16], total, path).is_err());
+    // A string length beyond the file is refused before anything is allocated for it.
+    let mut huge = bytes[..24].to_vec();
+    huge.extend((u64::MAX / 2).to_le_bytes());
+    let e = header_end(&huge, total, path).unwrap_err().to_string();
+    assert!(e.contains("remote.gguf"), "{e}");
+}

@@ -1,5 +1,7 @@
 //! Where a model is: a local folder, `hf://ORG/NAME[@REVISION]` (Hugging Face resolve URLs
-//! under `HF_ENDPOINT`), or an `http(s)://` folder URL on any server that honours `Range`.
+//! under `HF_ENDPOINT`), or an `http(s)://` folder URL on any server that honours `Range`. A
+//! GGUF model in a repository is picked by its quantization (`hf://ORG/NAME:Q4_K_M`) or its
+//! path (`hf://ORG/NAME/DIR/FILE.gguf`); a URL ending in `.gguf` is that one file.
 //! A Hugging Face branch or tag is resolved once to a commit (`X-Repo-Commit`) and everything is
 //! cached under that commit, so a moving branch never mixes two revisions.
 
@@ -12,8 +14,22 @@ pub const DEFAULT_HF_ENDPOINT: &str = "https://huggingface.co";
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Location {
     Local(PathBuf),
-    Hf { repo: String, revision: String },
+    Hf {
+        repo: String,
+        revision: String,
+        /// A GGUF file of the repository rather than its safetensors folder.
+        pick: Option<Pick>,
+    },
+    /// A folder URL ending in `/`, or a `.gguf` file's URL.
     Url(String),
+}
+
+/// Which GGUF file of a repository: the one whose name carries a quantization tag
+/// (`Q4_K_M`, `UD-Q2_K_XL`, `Q8_0`; the first part of a split model), or a path in it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Pick {
+    Tag(String),
+    Path(String),
 }
 
 #[derive(Clone, Debug, Default)]
@@ -49,7 +65,7 @@ pub fn default_cache_dir() -> PathBuf {
     home.join(".cache").join("strata")
 }
 
-fn hf_endpoint() -> String {
+pub(crate) fn hf_endpoint() -> String {
     std::env::var("HF_ENDPOINT")
         .ok()
         .filter(|v| !v.is_empty())
@@ -77,18 +93,66 @@ fn is_commit(rev: &str) -> bool {
     rev.len() == 40 && rev.chars().all(|c| c.is_ascii_hexdigit())
 }
 
+/// The file list of a repository at a revision, saved beside its files (`--offline` picks
+/// from it too).
+pub const LISTING_FILE: &str = ".strata-files.json";
+
+/// `{endpoint}/api/models/{repo}/revision/{revision}`: (the commit, the response's text, which
+/// lists the repository's files as `siblings[].rfilename`).
+pub fn hf_listing(
+    http: &Http,
+    endpoint: &str,
+    repo: &str,
+    revision: &str,
+) -> Result<(String, String), String> {
+    let url = format!("{endpoint}/api/models/{repo}/revision/{revision}");
+    let f = http.get(&url).map_err(|e| e.to_string())?;
+    let text = String::from_utf8(f.body).map_err(|_| format!("{url}: the answer is not UTF-8"))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("{url}: the answer is not JSON: {e}"))?;
+    let commit = v
+        .get("sha")
+        .and_then(|s| s.as_str())
+        .filter(|c| is_commit(c))
+        .ok_or_else(|| format!("{url}: no commit (`sha`) in the answer: cannot pin `{revision}`"))?;
+    if !v.get("siblings").is_some_and(|s| s.is_array()) {
+        return Err(format!("{url}: no file list (`siblings`) in the answer"));
+    }
+    Ok((commit.to_string(), text))
+}
+
 impl Location {
     pub fn parse(spec: &str) -> Location {
         if let Some(rest) = spec.strip_prefix("hf://") {
-            let (repo, revision) = match rest.split_once('@') {
-                Some((r, v)) if !v.is_empty() => (r, v),
-                Some((r, _)) => (r, "main"),
-                None => (rest, "main"),
+            // ORG/NAME[/PATH.gguf][@REVISION][:TAG], the tag also before the revision.
+            let (rest, mut tag) = match rest.split_once(':') {
+                Some((r, t)) => (r.to_string(), Some(t.to_string())),
+                None => (rest.to_string(), None),
             };
-            Location::Hf {
-                repo: repo.trim_matches('/').to_string(),
-                revision: revision.to_string(),
+            let (path, mut revision) = match rest.split_once('@') {
+                Some((r, v)) if !v.is_empty() => (r.to_string(), v.to_string()),
+                Some((r, _)) => (r.to_string(), "main".to_string()),
+                None => (rest, "main".to_string()),
+            };
+            if let Some((t, v)) = tag.clone().as_deref().and_then(|t| t.split_once('@')) {
+                (tag, revision) = (Some(t.to_string()), v.to_string());
             }
+            let path = path.trim_matches('/');
+            let mut parts = path.splitn(3, '/');
+            let repo = match (parts.next(), parts.next()) {
+                (Some(org), Some(name)) => format!("{org}/{name}"),
+                _ => path.to_string(),
+            };
+            let pick = match (parts.next(), tag) {
+                (Some(file), _) => Some(Pick::Path(file.to_string())),
+                (None, Some(t)) if !t.is_empty() => Some(Pick::Tag(t)),
+                _ => None,
+            };
+            Location::Hf { repo, revision, pick }
+        } else if (spec.starts_with("http://") || spec.starts_with("https://"))
+            && spec.to_ascii_lowercase().ends_with(".gguf")
+        {
+            Location::Url(spec.to_string())
         } else if spec.starts_with("http://") || spec.starts_with("https://") {
             Location::Url(format!("{}/", spec.trim_end_matches('/')))
         } else {
@@ -99,7 +163,21 @@ impl Location {
     pub fn describe(&self) -> String {
         match self {
             Location::Local(p) => p.display().to_string(),
-            Location::Hf { repo, revision } => format!("hf://{repo}@{revision}"),
+            Location::Hf {
+                repo,
+                revision,
+                pick: None,
+            } => format!("hf://{repo}@{revision}"),
+            Location::Hf {
+                repo,
+                revision,
+                pick: Some(Pick::Tag(t)),
+            } => format!("hf://{repo}@{revision}:{t}"),
+            Location::Hf {
+                repo,
+                revision,
+                pick: Some(Pick::Path(p)),
+            } => format!("hf://{repo}/{p}@{revision}"),
             Location::Url(u) => u.clone(),
         }
     }
@@ -136,24 +214,37 @@ impl Location {
         let root = self.model_root(options);
         match self {
             Location::Local(_) => unreachable!("local folders are not mirrored"),
-            Location::Url(u) => Ok((root.join("files"), u.clone())),
-            Location::Hf { repo, revision } => {
+            Location::Url(u) if u.ends_with('/') => Ok((root.join("files"), u.clone())),
+            Location::Url(u) => {
+                let folder = &u[..u.rfind('/').map_or(0, |i| i + 1)];
+                Ok((root.join("files"), folder.to_string()))
+            }
+            Location::Hf { repo, revision, pick } => {
                 let endpoint = hf_endpoint();
                 let refs = root.join("refs").join(slug(revision));
                 let commit = if is_commit(revision) {
                     revision.clone()
                 } else if let Some(http) = http {
-                    let url = format!("{endpoint}/{repo}/resolve/{revision}/config.json");
-                    let f = http.get(&url).map_err(|e| e.to_string())?;
-                    let commit = f
-                        .headers
-                        .get("x-repo-commit")
-                        .and_then(|v| v.to_str().ok())
-                        .map(str::to_string)
-                        .filter(|c| is_commit(c))
-                        .ok_or_else(|| {
-                            format!("{url}: no X-Repo-Commit header: cannot pin `{revision}` to a commit")
-                        })?;
+                    let commit = if pick.is_some() {
+                        // A GGUF repository need not have a config.json: the hub's API says
+                        // the commit, and lists the files to pick from.
+                        let (commit, listing) = hf_listing(http, &endpoint, repo, revision)?;
+                        let dir = root.join("snapshots").join(&commit);
+                        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+                        crate::mirror::write_atomic(&dir.join(LISTING_FILE), listing.as_bytes())?;
+                        commit
+                    } else {
+                        let url = format!("{endpoint}/{repo}/resolve/{revision}/config.json");
+                        let f = http.get(&url).map_err(|e| e.to_string())?;
+                        f.headers
+                            .get("x-repo-commit")
+                            .and_then(|v| v.to_str().ok())
+                            .map(str::to_string)
+                            .filter(|c| is_commit(c))
+                            .ok_or_else(|| {
+                                format!("{url}: no X-Repo-Commit header: cannot pin `{revision}` to a commit")
+                            })?
+                    };
                     std::fs::create_dir_all(refs.parent().expect("refs dir")).map_err(|e| e.to_string())?;
                     crate::mirror::write_atomic(&refs, commit.as_bytes())?;
                     commit
@@ -200,14 +291,16 @@ mod tests {
             Location::parse("hf://moonshotai/Kimi-K3@v1"),
             Location::Hf {
                 repo: "moonshotai/Kimi-K3".into(),
-                revision: "v1".into()
+                revision: "v1".into(),
+                pick: None,
             }
         );
         assert_eq!(
             Location::parse("hf://org/name"),
             Location::Hf {
                 repo: "org/name".into(),
-                revision: "main".into()
+                revision: "main".into(),
+                pick: None,
             }
         );
         assert_eq!(

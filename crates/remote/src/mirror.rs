@@ -85,6 +85,11 @@ pub struct Mirror {
     shards: HashMap<String, Shard>,
     /// Shard names in the order the index lists them.
     pub shard_names: Vec<String>,
+    /// A shard's path under `base` where it is not its name (a GGUF in a folder of the
+    /// repository; the mirror holds it by its file name).
+    remote: HashMap<String, String>,
+    /// The model's GGUF file (the first of a split one), when the model is one.
+    pub gguf: Option<String>,
 }
 
 fn err(path: &Path, e: impl std::fmt::Display) -> String {
@@ -166,16 +171,26 @@ impl Mirror {
             http,
             shards: HashMap::new(),
             shard_names: Vec::new(),
+            remote: HashMap::new(),
+            gguf: None,
         };
-        mirror.fetch_small_files(location, options)?;
-        mirror.open_shards(location, options)?;
+        if crate::gguf_pick::is_gguf(location) {
+            mirror.open_gguf(location, options)?;
+        } else {
+            mirror.fetch_small_files(location, options)?;
+            mirror.open_shards(location, options)?;
+        }
         // When it was last used (`strata cache gc` removes the least recently used first).
         let _ = std::fs::write(mirror.dir.join(USED_FILE), b"");
         Ok(mirror)
     }
 
-    fn url(&self, file: &str) -> String {
-        format!("{}{file}", self.base)
+    pub(crate) fn url(&self, file: &str) -> String {
+        format!(
+            "{}{}",
+            self.base,
+            self.remote.get(file).map_or(file, String::as_str)
+        )
     }
 
     fn fetch_small_files(&self, location: &Location, options: &RemoteOptions) -> Result<(), String> {
@@ -245,106 +260,16 @@ impl Mirror {
                     index.display()
                 ));
             }
-            let path = self.dir.join(name);
-            let journal_path = self.dir.join(format!("{name}{RUNS_SUFFIX}"));
-            let hf = location.hf_cached_file(options, &self.dir, name);
-            // A link into the Hugging Face cache is read, never written through: with the
-            // complete file gone from there, it is replaced by a sparse file of our own.
-            let linked = std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink());
-            if linked && hf.is_none() {
-                std::fs::remove_file(&path).map_err(|e| err(&path, e))?;
-            }
-            let complete = hf.is_some();
-            if let Some(found) = hf {
-                if !path.exists() && !linked {
-                    std::os::unix::fs::symlink(&found, &path).map_err(|e| err(&path, e))?;
-                }
-            } else if !path.exists() {
-                let http = self.http.as_ref().ok_or_else(|| {
-                    format!(
-                        "offline, and shard {name} of {} is not in the cache",
-                        location.describe()
-                    )
-                })?;
-                // The first 8 bytes give the header length and, in Content-Range, the file size.
-                let (f, first) = http
-                    .get_range_bytes(&self.url(name), 0, 8)
-                    .map_err(|e| e.to_string())?;
-                let total = f
-                    .total
-                    .ok_or_else(|| format!("{}: no file size in Content-Range", self.url(name)))?;
-                let meta = serde_json::json!({
-                    "size": total,
-                    "sha256": f.headers.get("x-linked-etag").and_then(|v| v.to_str().ok())
-                        .map(|s| s.trim_matches('"').to_string()),
-                    "url": self.url(name),
-                    "version": f.validator,
-                });
-                write_atomic(
-                    &self.dir.join(format!("{name}{META_SUFFIX}")),
-                    meta.to_string().as_bytes(),
-                )?;
-                let tmp = path.with_extension(format!("strata-new-{}", std::process::id()));
-                let data = OpenOptions::new()
-                    .create(true)
-                    .truncate(true)
-                    .write(true)
-                    .open(&tmp)
-                    .map_err(|e| err(&tmp, e))?;
-                data.set_len(total).map_err(|e| err(&tmp, e))?;
-                data.write_all_at(&first, 0).map_err(|e| err(&tmp, e))?;
-                data.sync_all().map_err(|e| err(&tmp, e))?;
-                // Another process may create the same shard at the same moment: the first link
-                // wins and only the winner starts its record afresh (a record left from an
-                // earlier file of that name must not be trusted for this one).
-                let won = std::fs::hard_link(&tmp, &path).is_ok();
-                let _ = std::fs::remove_file(&tmp);
-                if won {
-                    let mut j = Journal::open(&journal_path).map_err(|e| err(&journal_path, e))?;
-                    j.reset().map_err(|e| err(&journal_path, e))?;
-                    j.append(Run {
-                        offset: 0,
-                        len: 8,
-                        xxh3: xxhash_rust::xxh3::xxh3_64(&first),
-                    })
-                    .map_err(|e| err(&journal_path, e))?;
-                }
-            }
-            let data = OpenOptions::new()
-                .read(true)
-                .write(!complete)
-                .custom_flags(if complete { 0 } else { libc::O_NOFOLLOW })
-                .open(&path)
-                .map_err(|e| err(&path, e))?;
-            let journal = Journal::open(&journal_path).map_err(|e| err(&journal_path, e))?;
-            self.shards.insert(
-                name.clone(),
-                Shard {
-                    state: Mutex::new(ShardState {
-                        data,
-                        journal,
-                        complete,
-                        inflight: Vec::new(),
-                    }),
-                    fetched: std::sync::Condvar::new(),
-                },
-            );
+            self.add_shard(location, options, name, name)?;
             // The header: its length, then the header itself.
             self.ensure(name, 0, 8)?;
             let mut len = [0u8; 8];
             self.read_at(name, &mut len, 0)?;
             let n = u64::from_le_bytes(len);
-            let size = std::fs::metadata(&path).map_err(|e| err(&path, e))?.len();
+            let size = self.size_of(name)?;
             if n == 0 || n > strata_formats::MAX_HEADER_BYTES || n.checked_add(8).is_none_or(|end| end > size)
             {
-                // Those 8 bytes are not the file's: stop trusting them, so the next open asks again.
-                let mut st = self.shards[name].state.lock().expect("shard lock");
-                if !st.complete {
-                    st.journal
-                        .retain(|r| r.offset >= 8)
-                        .map_err(|e| err(st.journal.path(), e))?;
-                }
-                drop(st);
+                self.forget_before(name, 8)?;
                 return Err(format!(
                     "{}: header length {n} does not fit the {size}-byte file (or is over the {}-byte limit)",
                     self.url(name),
@@ -357,7 +282,136 @@ impl Mirror {
         Ok(())
     }
 
-    fn read_at(&self, name: &str, buf: &mut [u8], offset: u64) -> Result<(), String> {
+    /// Forgets the runs of a shard that start before `from` (they are not the file's), so the
+    /// next open asks for them again.
+    fn forget_before(&self, name: &str, from: u64) -> Result<(), String> {
+        let mut st = self.shards[name].state.lock().expect("shard lock");
+        if !st.complete {
+            st.journal
+                .retain(|r| r.offset >= from)
+                .map_err(|e| err(st.journal.path(), e))?;
+        }
+        Ok(())
+    }
+
+    /// Forgets every run of a shard.
+    pub(crate) fn forget(&self, name: &str) -> Result<(), String> {
+        self.forget_before(name, u64::MAX)
+    }
+
+    pub(crate) fn size_of(&self, name: &str) -> Result<u64, String> {
+        let path = self.dir.join(name);
+        Ok(std::fs::metadata(&path).map_err(|e| err(&path, e))?.len())
+    }
+
+    /// Opens shard `name` of the mirror (`remote`: its path under the base URL): a complete
+    /// copy in the Hugging Face cache linked, else a sparse file of the server's size, created
+    /// with its first 8 bytes on first use.
+    pub(crate) fn add_shard(
+        &mut self,
+        location: &Location,
+        options: &RemoteOptions,
+        name: &str,
+        remote: &str,
+    ) -> Result<(), String> {
+        if remote != name {
+            self.remote.insert(name.to_string(), remote.to_string());
+        }
+        let path = self.dir.join(name);
+        let journal_path = self.dir.join(format!("{name}{RUNS_SUFFIX}"));
+        let hf = location.hf_cached_file(options, &self.dir, remote);
+        // A link into the Hugging Face cache is read, never written through: with the
+        // complete file gone from there, it is replaced by a sparse file of our own.
+        let linked = std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink());
+        if linked && hf.is_none() {
+            std::fs::remove_file(&path).map_err(|e| err(&path, e))?;
+        }
+        let complete = hf.is_some();
+        if let Some(found) = hf {
+            if !path.exists() && !linked {
+                std::os::unix::fs::symlink(&found, &path).map_err(|e| err(&path, e))?;
+            }
+        } else if !path.exists() {
+            self.create_sparse(location, name, &journal_path)?;
+        }
+        let data = OpenOptions::new()
+            .read(true)
+            .write(!complete)
+            .custom_flags(if complete { 0 } else { libc::O_NOFOLLOW })
+            .open(&path)
+            .map_err(|e| err(&path, e))?;
+        let journal = Journal::open(&journal_path).map_err(|e| err(&journal_path, e))?;
+        self.shards.insert(
+            name.to_string(),
+            Shard {
+                state: Mutex::new(ShardState {
+                    data,
+                    journal,
+                    complete,
+                    inflight: Vec::new(),
+                }),
+                fetched: std::sync::Condvar::new(),
+            },
+        );
+        Ok(())
+    }
+
+    /// A sparse file of the shard's full size holding its first 8 bytes, and its metadata.
+    fn create_sparse(&self, location: &Location, name: &str, journal_path: &Path) -> Result<(), String> {
+        let path = self.dir.join(name);
+        let http = self.http.as_ref().ok_or_else(|| {
+            format!(
+                "offline, and shard {name} of {} is not in the cache",
+                location.describe()
+            )
+        })?;
+        // The first 8 bytes give the header length and, in Content-Range, the file size.
+        let (f, first) = http
+            .get_range_bytes(&self.url(name), 0, 8)
+            .map_err(|e| e.to_string())?;
+        let total = f
+            .total
+            .ok_or_else(|| format!("{}: no file size in Content-Range", self.url(name)))?;
+        let meta = serde_json::json!({
+            "size": total,
+            "sha256": f.headers.get("x-linked-etag").and_then(|v| v.to_str().ok())
+                .map(|s| s.trim_matches('"').to_string()),
+            "url": self.url(name),
+            "version": f.validator,
+        });
+        write_atomic(
+            &self.dir.join(format!("{name}{META_SUFFIX}")),
+            meta.to_string().as_bytes(),
+        )?;
+        let tmp = path.with_extension(format!("strata-new-{}", std::process::id()));
+        let data = OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .open(&tmp)
+            .map_err(|e| err(&tmp, e))?;
+        data.set_len(total).map_err(|e| err(&tmp, e))?;
+        data.write_all_at(&first, 0).map_err(|e| err(&tmp, e))?;
+        data.sync_all().map_err(|e| err(&tmp, e))?;
+        // Another process may create the same shard at the same moment: the first link
+        // wins and only the winner starts its record afresh (a record left from an
+        // earlier file of that name must not be trusted for this one).
+        let won = std::fs::hard_link(&tmp, &path).is_ok();
+        let _ = std::fs::remove_file(&tmp);
+        if won {
+            let mut j = Journal::open(journal_path).map_err(|e| err(journal_path, e))?;
+            j.reset().map_err(|e| err(journal_path, e))?;
+            j.append(Run {
+                offset: 0,
+                len: 8,
+                xxh3: xxhash_rust::xxh3::xxh3_64(&first),
+            })
+            .map_err(|e| err(journal_path, e))?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn read_at(&self, name: &str, buf: &mut [u8], offset: u64) -> Result<(), String> {
         let st = self.shards[name].state.lock().expect("shard lock");
         st.data
             .read_exact_at(buf, offset)
@@ -456,6 +510,14 @@ impl Mirror {
             .map_err(|e| disk_error(st.journal.path(), e))
     }
 
+    /// What the rest of strata opens: the folder, or the GGUF file in it.
+    pub fn model_path(&self) -> PathBuf {
+        match &self.gguf {
+            Some(name) => self.dir.join(name),
+            None => self.dir.clone(),
+        }
+    }
+
     /// Range requests that returned data so far (one per contiguous missing run).
     pub fn range_requests(&self) -> u64 {
         self.http
@@ -532,7 +594,7 @@ pub fn open_location(spec: &str, options: &RemoteOptions) -> Result<(PathBuf, Op
         Location::Local(path) => Ok((path, None)),
         remote => {
             let mirror = Mirror::open(&remote, options)?;
-            Ok((mirror.dir.clone(), Some(Arc::new(mirror))))
+            Ok((mirror.model_path(), Some(Arc::new(mirror))))
         }
     }
 }

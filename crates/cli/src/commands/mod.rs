@@ -205,8 +205,9 @@ impl ModelArg {
     }
 }
 
-/// `hf://ORG/NAME[@REVISION]` for a bare `ORG/NAME[@REVISION]` (one slash, a repository id's
-/// characters) that names no local path; `None` for anything else.
+/// `hf://ORG/NAME[@REVISION][:TAG]` for a bare `ORG/NAME[@REVISION][:TAG]` (one slash, a
+/// repository id's characters; a GGUF quantization tag as llama.cpp's `-hf` takes it) that names
+/// no local path; `None` for anything else.
 fn hub_shorthand(spec: &str) -> Option<String> {
     hub_shorthand_unless(spec, |p| p.exists())
 }
@@ -218,6 +219,11 @@ fn hub_shorthand_unless(spec: &str, exists: impl Fn(&std::path::Path) -> bool) -
             && !s.starts_with(['.', '-'])
             && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
     };
+    let (spec, tag) = match spec.rsplit_once(':') {
+        Some((rest, tag)) if id(tag) && !rest.contains(':') => (rest, Some(tag)),
+        Some(_) => return None,
+        None => (spec, None),
+    };
     let (repo, rev) = match spec.split_once('@') {
         Some((repo, rev)) if !rev.is_empty() => (repo, Some(rev)),
         Some(_) => return None,
@@ -227,9 +233,13 @@ fn hub_shorthand_unless(spec: &str, exists: impl Fn(&std::path::Path) -> bool) -
     if !id(org) || !id(name) || exists(std::path::Path::new(spec)) {
         return None;
     }
-    Some(match rev {
+    let hf = match rev {
         Some(rev) => format!("hf://{org}/{name}@{rev}"),
         None => format!("hf://{org}/{name}"),
+    };
+    Some(match tag {
+        Some(tag) => format!("{hf}:{tag}"),
+        None => hf,
     })
 }
 
@@ -248,7 +258,15 @@ mod tests {
             hf("moonshotai/Kimi-K2.5@main").as_deref(),
             Some("hf://moonshotai/Kimi-K2.5@main")
         );
+        assert_eq!(
+            hf("unsloth/Qwen3-30B-A3B-GGUF:Q4_K_M").as_deref(),
+            Some("hf://unsloth/Qwen3-30B-A3B-GGUF:Q4_K_M")
+        );
+        assert_eq!(hf("o/m@v1:UD-Q2_K_XL").as_deref(), Some("hf://o/m@v1:UD-Q2_K_XL"));
         for not in [
+            "o/m:",
+            "o/m:a:b",
+            "C:/x",
             "model",
             "./Qwen/x",
             "/abs/path",

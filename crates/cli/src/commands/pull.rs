@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use strata_formats::{Checkpoint, JsonConfig, RangeSource};
+use strata_formats::RangeSource;
 
 use super::ModelArg;
 
@@ -104,8 +104,9 @@ pub fn pull(args: PullArgs) -> Result<()> {
     let Some(mirror) = mirror else {
         bail!("{} is a local folder: there is nothing to pull", dir.display());
     };
-    let cfg = JsonConfig::read(&dir.join("config.json"))?;
-    let ckpt = Checkpoint::open(&dir)?;
+    // A safetensors folder, or a GGUF file in the mirror's folder.
+    let (cfg, ckpt) = strata_formats::open_model(&dir)?;
+    let dir = mirror.dir.clone();
     let shard_name = |s: usize| {
         ckpt.shard_path(s)
             .file_name()
@@ -229,7 +230,12 @@ pub fn pull(args: PullArgs) -> Result<()> {
         }
     }
     let full = super::hub_shorthand(&spec).unwrap_or_else(|| spec.clone());
-    if let strata_remote::Location::Hf { repo, revision } = strata_remote::Location::parse(&full) {
+    if let strata_remote::Location::Hf {
+        repo,
+        revision,
+        pick: None,
+    } = strata_remote::Location::parse(&full)
+    {
         // What was fetched whole, for huggingface_hub, transformers and vLLM too.
         let shared = strata_remote::hub::share(&repo, &revision, &dir).map_err(anyhow::Error::msg)?;
         let hub = strata_remote::hub::hub_dir();
