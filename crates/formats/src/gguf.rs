@@ -260,20 +260,40 @@ pub fn is_gguf(path: &Path) -> bool {
 
 /// The file names of a split model whose first file is `path` (`NAME-00001-of-0000N.gguf`), or
 /// just `path`.
-fn split_names(path: &Path) -> Option<Vec<PathBuf>> {
-    let name = path.file_name()?.to_str()?;
+/// (the name before the part number, part number, part count) of a split model's file named
+/// `NAME-0000K-of-0000N.gguf` (five digits each, as llama.cpp's `gguf-split` writes them).
+pub fn split_part(name: &str) -> Option<(&str, usize, usize)> {
     let stem = name.strip_suffix(".gguf")?;
     let (head, count) = stem.rsplit_once("-of-")?;
-    let (prefix, first) = head.rsplit_once('-')?;
-    if first.len() != 5 || count.len() != 5 || first != "00001" {
+    let (prefix, no) = head.rsplit_once('-')?;
+    let five = |d: &str| d.len() == 5 && d.bytes().all(|b| b.is_ascii_digit());
+    if !five(no) || !five(count) {
         return None;
     }
-    let n: usize = count.parse().ok()?;
-    Some(
-        (1..=n)
-            .map(|i| path.with_file_name(format!("{prefix}-{i:05}-of-{n:05}.gguf")))
-            .collect(),
-    )
+    Some((prefix, no.parse().ok()?, count.parse().ok()?))
+}
+
+/// The names of every part of a split model whose parts are named from `prefix` (see
+/// [`split_part`]).
+pub fn split_part_names(prefix: &str, count: usize) -> Vec<String> {
+    (1..=count)
+        .map(|i| format!("{prefix}-{i:05}-of-{count:05}.gguf"))
+        .collect()
+}
+
+/// Every file of the split model whose first file is `path`; None when `path` is not named as
+/// a first part.
+fn split_names(path: &Path) -> Option<Vec<PathBuf>> {
+    let name = path.file_name()?.to_str()?;
+    match split_part(name)? {
+        (prefix, 1, n) => Some(
+            split_part_names(prefix, n)
+                .into_iter()
+                .map(|f| path.with_file_name(f))
+                .collect(),
+        ),
+        _ => None,
+    }
 }
 
 impl Gguf {

@@ -225,3 +225,28 @@ fn a_header_is_found_from_prefixes_of_the_file() {
     let e = header_end(&huge, total, path).unwrap_err().to_string();
     assert!(e.contains("remote.gguf"), "{e}");
 }
+
+#[test]
+fn split_part_names_parse_and_round_trip() {
+    assert_eq!(split_part("M-Q8_0-00002-of-00003.gguf"), Some(("M-Q8_0", 2, 3)));
+    assert_eq!(split_part("dir/M-00001-of-00001.gguf"), Some(("dir/M", 1, 1)));
+    for name in [
+        "M.gguf",
+        "M-1-of-3.gguf",
+        "M-00001-of-00003.bin",
+        "M-0000x-of-00003.gguf",
+        "M-00001-of-3.gguf",
+    ] {
+        assert_eq!(split_part(name), None, "{name}");
+    }
+    let names = split_part_names("dir/M-BF16", 3);
+    assert_eq!(names[2], "dir/M-BF16-00003-of-00003.gguf");
+    for (i, n) in names.iter().enumerate() {
+        assert_eq!(split_part(n), Some(("dir/M-BF16", i + 1, 3)));
+    }
+    assert_eq!(split_names(Path::new("/m/M-00002-of-00002.gguf")), None);
+    assert_eq!(
+        split_names(Path::new("/m/M-00001-of-00002.gguf")).map(|v| v.len()),
+        Some(2)
+    );
+}

@@ -7,6 +7,7 @@
 use std::path::Path;
 
 use serde_json::Value;
+use strata_formats::gguf::{split_part, split_part_names};
 use strata_formats::RangeSource;
 
 use crate::location::{hf_listing, Location, Pick, RemoteOptions, LISTING_FILE};
@@ -29,38 +30,16 @@ fn base_name(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
 }
 
-/// (the path before the part number, part count) of a split model's first file
-/// (`NAME-00001-of-0000N.gguf`).
-fn first_part(path: &str) -> Option<(&str, usize)> {
-    let stem = path.strip_suffix(".gguf")?;
-    let (head, count) = stem.rsplit_once("-of-")?;
-    let (prefix, no) = head.rsplit_once('-')?;
-    (no == "00001" && count.len() == 5)
-        .then(|| count.parse().ok().map(|n| (prefix, n)))
-        .flatten()
-}
-
 /// Whether `path` is a later part of a split model (`-0000K-of-0000N.gguf`, K > 1).
 fn later_part(path: &str) -> bool {
-    let Some(stem) = path.strip_suffix(".gguf") else {
-        return false;
-    };
-    let Some((head, count)) = stem.rsplit_once("-of-") else {
-        return false;
-    };
-    let Some((_, no)) = head.rsplit_once('-') else {
-        return false;
-    };
-    no.len() == 5 && count.len() == 5 && no != "00001" && no.bytes().all(|b| b.is_ascii_digit())
+    split_part(path).is_some_and(|(_, no, _)| no > 1)
 }
 
 /// Every file of the model whose first file is `path`.
 fn parts(path: &str) -> Vec<String> {
-    match first_part(path) {
-        Some((prefix, n)) => (1..=n)
-            .map(|i| format!("{prefix}-{i:05}-of-{n:05}.gguf"))
-            .collect(),
-        None => vec![path.to_string()],
+    match split_part(path) {
+        Some((prefix, 1, n)) => split_part_names(prefix, n),
+        _ => vec![path.to_string()],
     }
 }
 
