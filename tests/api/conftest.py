@@ -11,6 +11,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -20,6 +21,8 @@ import openai
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+# tests/nginx_hub.py, shared with the GGUF suite.
+sys.path.insert(0, str(REPO / "tests"))
 
 
 def strata_bin() -> str:

@@ -12,23 +12,14 @@ import json
 import os
 import shutil
 import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from conftest import fixtures, free_port, strata_bin
+from conftest import fixtures, strata_bin
+from nginx_hub import COMMIT, Nginx
 
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
 MODEL = "qwen3-moe-tiny"
-
-
-def nginx_bin():
-    for p in ("/usr/sbin/nginx", "/usr/bin/nginx"):
-        if os.path.exists(p):
-            return p
-    pytest.fail("nginx is not installed (.ci/run installs it)")
 
 
 @pytest.fixture
@@ -45,34 +36,9 @@ def hub(tmp_path):
     www.mkdir(parents=True)
     for rev in ("main", COMMIT):
         (www / rev).symlink_to(model)
-    port = free_port()
-    conf = tmp_path / "nginx.conf"
-    user = "user root;\n" if os.geteuid() == 0 else ""
-    conf.write_text(
-        f"daemon off;\nmaster_process off;\nworker_processes 1;\npid {tmp_path}/nginx.pid;\n"
-        f"error_log {tmp_path}/error.log;\n{user}events {{ worker_connections 64; }}\n"
-        f"http {{\n access_log off;\n client_body_temp_path {tmp_path}/tmp;\n proxy_temp_path {tmp_path}/tmp;\n"
-        f" fastcgi_temp_path {tmp_path}/tmp;\n uwsgi_temp_path {tmp_path}/tmp;\n scgi_temp_path {tmp_path}/tmp;\n"
-        f" default_type application/octet-stream;\n"
-        f" server {{ listen 127.0.0.1:{port}; root {tmp_path}/www;\n"
-        f"  location / {{ add_header X-Repo-Commit {COMMIT} always; }} }}\n}}\n"
-    )
-    (tmp_path / "tmp").mkdir()
-    proc = subprocess.Popen([nginx_bin(), "-c", str(conf)], stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 10
-    while True:
-        try:
-            urllib.request.urlopen(f"{url}/test/m/resolve/main/config.json", timeout=1)
-            break
-        except OSError:
-            if time.time() > deadline:
-                proc.kill()
-                pytest.fail("nginx did not start")
-            time.sleep(0.05)
-    yield url
-    proc.kill()
-    proc.wait()
+    server = Nginx(tmp_path, "/test/m/resolve/main/config.json").start()
+    yield server.endpoint
+    server.stop()
 
 
 def model_files():

@@ -3,11 +3,14 @@
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+# tests/nginx_hub.py, shared with the API suite.
+sys.path.insert(0, str(REPO / "tests"))
 CONVERTER = REPO / "scripts" / "hf-to-gguf.py"
 # model_type values `scripts/hf-to-gguf.py` converts (its ARCHES).
 CONVERTED = {"qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v3", "kimi_k2", "llama", "mistral", "qwen2", "qwen3"}

@@ -11,81 +11,19 @@ import os
 import shutil
 import subprocess
 import sys
-import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 
 from helpers import CONVERTER, csv, fixtures_dir, strata, strata_bin
+from nginx_hub import COMMIT, Nginx
 
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
 MODEL = "qwen3-moe-tiny"
-
-
-def nginx_bin():
-    for p in ("/usr/sbin/nginx", "/usr/bin/nginx"):
-        if os.path.exists(p):
-            return p
-    pytest.fail("nginx is not installed (.ci/run installs it)")
-
-
-def free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def convert(out, *extra):
     folder = fixtures_dir() / MODEL
     cmd = [sys.executable, str(CONVERTER), str(folder), str(out), *extra]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-class Hub:
-    def __init__(self, root):
-        self.root = root
-        self.port = free_port()
-        self.proc = None
-
-    @property
-    def endpoint(self):
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self):
-        r = self.root
-        user = "user root;\n" if os.geteuid() == 0 else ""
-        (r / "nginx.conf").write_text(
-            f"daemon off;\nmaster_process off;\nworker_processes 1;\npid {r}/nginx.pid;\n"
-            f"error_log {r}/error.log;\n{user}events {{ worker_connections 64; }}\n"
-            f"http {{\n log_format ranged '$status $request_uri range=$http_range';\n"
-            f" access_log {r}/access.log ranged;\n client_body_temp_path {r}/tmp;\n proxy_temp_path {r}/tmp;\n"
-            f" fastcgi_temp_path {r}/tmp;\n uwsgi_temp_path {r}/tmp;\n scgi_temp_path {r}/tmp;\n"
-            f" default_type application/octet-stream;\n"
-            f" server {{ listen 127.0.0.1:{self.port}; root {r}/www;\n"
-            f"  location / {{ add_header X-Repo-Commit {COMMIT} always; }} }}\n}}\n"
-        )
-        (r / "tmp").mkdir(exist_ok=True)
-        self.proc = subprocess.Popen([nginx_bin(), "-c", str(r / "nginx.conf")], stderr=subprocess.DEVNULL)
-        deadline = time.time() + 10
-        while True:
-            try:
-                urllib.request.urlopen(f"{self.endpoint}/api/models/test/g/revision/main", timeout=1)
-                return
-            except OSError:
-                if time.time() > deadline:
-                    pytest.fail("nginx did not start")
-                time.sleep(0.05)
-
-    def stop(self):
-        self.proc.kill()
-        self.proc.wait()
-
-    def requests(self, needle):
-        log = (self.root / "access.log").read_text()
-        return [line for line in log.splitlines() if needle in line]
 
 
 @pytest.fixture(scope="module")
@@ -109,8 +47,7 @@ def hub(tmp_path_factory):
     for rev in ("main", COMMIT):
         (api / rev).write_text(listing)
         (resolve / rev).symlink_to(repo)
-    h = Hub(root)
-    h.start()
+    h = Nginx(root, "/api/models/test/g/revision/main", log=True).start()
     yield h, repo
     h.stop()
 
