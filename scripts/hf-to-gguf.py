@@ -386,9 +386,37 @@ def back_to_hf(hf_name, stored, cfg, arch, gguf_name):
     return [(hf_name, stored)]
 
 
-def hf_tensors(folder, cfg, arch, whole_kv_b):
+def repeat_layers(tensors, have, cfg):
+    """The tensors of cfg's `num_hidden_layers` decoder layers from a folder of `have`: layer i is
+    the folder's layer i, and past its last a copy of one of its layers of the same kind (the
+    first `first_k_dense_replace` dense ones stay first; the others repeat in turn)."""
+    layers = cfg["num_hidden_layers"]
+    if layers == have:
+        return tensors
+    first = min(cfg.get("first_k_dense_replace", 0), have - 1)
+
+    def source(i):
+        return i if i < first else first + (i - first) % (have - first)
+
+    pattern = re.compile(r"^model\.layers\.(\d+)\.(.*)$")
+    copies = {}
+    for i in range(layers):
+        copies.setdefault(source(i), []).append(i)
+    out = {}
+    for name, a in tensors.items():
+        m = pattern.match(name)
+        if not m:
+            out[name] = a
+            continue
+        for i in copies.get(int(m.group(1)), []):
+            out[f"model.layers.{i}.{m.group(2)}"] = a
+    return out
+
+
+def hf_tensors(folder, cfg, arch, whole_kv_b, have):
     """(name, array, source dtype) in the order written, with the renames llama.cpp makes."""
-    for hf_name, (array, source) in sorted(stack_experts(read_tensors(folder)).items()):
+    tensors = repeat_layers(read_tensors(folder), have, cfg)
+    for hf_name, (array, source) in sorted(stack_experts(tensors).items()):
         if hf_name.endswith("e_score_correction_bias"):
             hf_name = hf_name.replace("e_score_correction_bias", "e_score_correction.bias")
         if arch == gguf.MODEL_ARCH.DEEPSEEK2 and hf_name.endswith("kv_b_proj.weight") and not whole_kv_b:
@@ -432,6 +460,13 @@ def main():
         help="split the model into files of at most N tensors each (OUT-00001-of-0000K.gguf ...)",
     )
     ap.add_argument(
+        "--layers",
+        type=int,
+        metavar="N",
+        help="write N decoder layers, those past the folder's own copies of its layers (a model "
+        "larger than RAM for benchmarks, from a small `strata synth` folder)",
+    )
+    ap.add_argument(
         "--whole-kv-b",
         action="store_true",
         help="DeepSeek: keep kv_b_proj whole (older conversions) instead of k_b and v_b",
@@ -443,6 +478,11 @@ def main():
     if model_type not in ARCHES:
         sys.exit(f"{folder}: model_type {model_type!r} is not converted by this script (known: {sorted(ARCHES)})")
     arch = ARCHES[model_type]
+    have = cfg["num_hidden_layers"]
+    if args.layers:
+        if args.dequantized_copy or args.layers < 1:
+            sys.exit("--layers N: N >= 1, and not with --dequantized-copy")
+        cfg["num_hidden_layers"] = args.layers
     names = gguf.get_tensor_name_map(arch, cfg["num_hidden_layers"])
 
     w = gguf.GGUFWriter(args.out, gguf.MODEL_ARCH_NAMES[arch], split_max_tensors=args.split_max_tensors)
@@ -461,7 +501,7 @@ def main():
     # first (the header), then each one's bytes, converted and written in the same order.
     mix = args.outtype == "q4_k_m"
     plan = []
-    for hf_name, array, source in hf_tensors(folder, cfg, arch, args.whole_kv_b):
+    for hf_name, array, source in hf_tensors(folder, cfg, arch, args.whole_kv_b, have):
         name = gguf_name(names, hf_name, folder, arch)
         ty = tensor_type(name, array, outtype, mix)
         block, block_bytes = gguf.GGML_QUANT_SIZES[ty]
@@ -476,7 +516,7 @@ def main():
     w.write_ti_data_to_file()
 
     dequantized = {}
-    tensors = hf_tensors(folder, cfg, arch, args.whole_kv_b)
+    tensors = hf_tensors(folder, cfg, arch, args.whole_kv_b, have)
     for i, ((hf_name, array, source), (name, ty)) in enumerate(zip(tensors, plan)):
         if isinstance(array, Stack):
             array = array.array()
