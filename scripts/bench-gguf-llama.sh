@@ -6,7 +6,8 @@
 #   python3 scripts/hf-to-gguf.py SYNTH_DIR OUT.gguf --outtype q8_0 --layers 48
 #   scripts/bench-gguf-llama.sh MODEL.gguf [OUT_DIR]
 # Env: STRATA, LLAMA_BENCH, LLAMA_GREEDY (scripts/llama-greedy.cpp, built as its header says),
-# CAP (8G; "none": uncapped), THREADS (2), ROUNDS (2), PROMPT (512), TOKENS (16).
+# CAP (8G; "none": uncapped), THREADS (2), ROUNDS (2), PROMPT (512), TOKENS (16), GREEDY (1; 0: no
+# greedy runs).
 set -u
 M=$1
 OUT=${2:-$PWD/target/bench/gguf-llama}
@@ -37,6 +38,7 @@ for round in $(seq "${ROUNDS:-2}"); do
     cold
     echo "direct read: $(dd if="$M" of=/dev/null bs=16M count=128 iflag=direct 2>&1 | tail -1)"
 done
+[ "${GREEDY:-1}" = 0 ] && exit 0
 ids=$(seq -s, 1 16)
 cold
 capped "$B" run -m "$M" --ids "$ids" --max-tokens 24 --temperature 0 --ignore-eos --output json -t "$T" \
