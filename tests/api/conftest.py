@@ -9,7 +9,6 @@ $STRATA_SERVE_PREFIX (words) runs the server under a wrapper, e.g. a memory cap:
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 # tests/nginx_hub.py, shared with the GGUF suite.
 sys.path.insert(0, str(REPO / "tests"))
+from nginx_hub import free_port  # noqa: E402  (after the path above)
 
 
 def strata_bin() -> str:
@@ -39,12 +39,6 @@ def fixtures() -> Path:
     if not d.is_dir():
         pytest.exit(f"fixtures not found at {d}", returncode=2)
     return d
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:
