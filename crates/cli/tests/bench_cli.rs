@@ -30,6 +30,7 @@ fn bench_ends_with_one_json_line_of_the_figures_checks_read() {
     let tokens = 5;
     for (io, prefetch) in [
         ("pread", "off"),
+        ("pread", "auto"),
         ("pread", "on"),
         ("uring", "on"),
         ("mmap", "off"),
@@ -87,8 +88,8 @@ fn bench_ends_with_one_json_line_of_the_figures_checks_read() {
             assert!(num(&j, key) <= 1.0, "{what}: {key} is a fraction");
         }
         assert_eq!(
-            j["prefetch"].as_bool(),
-            Some(prefetch == "on" && io != "mmap"),
+            j["prefetch"].as_str(),
+            Some(if io == "mmap" { "off" } else { prefetch }),
             "{what}"
         );
         let per_token = j["per_token"].as_array().expect("per_token");
@@ -129,7 +130,13 @@ fn prefetch_alone_means_on_and_other_values_are_refused() {
     let model = fixture("qwen3-moe-tiny");
     let model = model.to_str().unwrap();
     let (_, j) = bench(&["-m", model, "--tokens", "2", "--prefetch", "--json"]);
-    assert_eq!(j["prefetch"].as_bool(), Some(true));
+    assert_eq!(j["prefetch"].as_str(), Some("on"));
+    let (_, j) = bench(&["-m", model, "--tokens", "2", "--json"]);
+    assert_eq!(
+        j["prefetch"].as_str(),
+        Some("auto"),
+        "prompts' guesses by default"
+    );
     let out = Command::new(env!("CARGO_BIN_EXE_strata"))
         .args(["bench", "-m", model, "--tokens", "2", "--prefetch", "maybe"])
         .output()

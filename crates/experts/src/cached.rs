@@ -34,7 +34,7 @@ mod uring;
 mod warm;
 pub use lru::Eviction;
 use lru::{Entry, Lru};
-pub use options::{CacheOptions, FaultIn};
+pub use options::{CacheOptions, FaultIn, Prefetch};
 pub use uring::available as uring_available;
 use warm::{preload_keys, warm_lengths};
 
@@ -68,7 +68,9 @@ struct Shared {
     /// The latest prediction per layer, consumed by that layer's `get`.
     predictions: Mutex<HashMap<usize, HashSet<usize>>>,
     pool: Arc<BufferPool>,
-    prefetch: bool,
+    prefetch: Prefetch,
+    /// layer -> its experts (what a guess is compared with under `Prefetch::Batches`).
+    experts_per_layer: HashMap<usize, usize>,
     /// `--io mmap`: misses are read through the mapping on the threads that need them, with
     /// nothing read ahead or overlapped (what an engine computing on a mapping gets).
     demand_paging: bool,
@@ -170,6 +172,10 @@ impl CachedStore {
                 .collect();
             (src.clone(), names)
         });
+        let mut experts_per_layer = HashMap::new();
+        for &(layer, _) in plans.keys() {
+            *experts_per_layer.entry(layer).or_insert(0) += 1;
+        }
         let shared = Arc::new(Shared {
             files,
             source,
@@ -181,7 +187,12 @@ impl CachedStore {
             jobs: Jobs::new(),
             predictions: Mutex::new(HashMap::new()),
             pool: Arc::new(BufferPool::new(warm_bytes.max(kept_buffers.max(1) * largest))),
-            prefetch: prefetch && io != IoMode::Mmap,
+            prefetch: if io == IoMode::Mmap {
+                Prefetch::Off
+            } else {
+                prefetch
+            },
+            experts_per_layer,
             demand_paging: io == IoMode::Mmap,
             uring: io == IoMode::Uring,
             eviction,
@@ -242,8 +253,8 @@ impl CachedStore {
         self.routing_log.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Whether predicted experts are read ahead (`--prefetch on`).
-    pub fn prefetch_enabled(&self) -> bool {
+    /// Which predicted experts are read ahead (`--prefetch`).
+    pub fn prefetch_mode(&self) -> Prefetch {
         self.shared.prefetch
     }
 
@@ -728,7 +739,13 @@ impl ExpertStore for CachedStore {
             log.guessed(layer, ids);
         }
         let s = &self.shared;
-        if !s.prefetch {
+        let of_layer = s.experts_per_layer.get(&layer).copied().unwrap_or(0);
+        let read = match s.prefetch {
+            Prefetch::Off => false,
+            Prefetch::Batches => 2 * ids.len() >= of_layer.max(1),
+            Prefetch::On => true,
+        };
+        if !read {
             return;
         }
         let mut wanted = HashSet::new();

@@ -13,7 +13,9 @@ pub mod replay;
 mod routing_log;
 mod spine;
 
-pub use cached::{uring_available, CacheOptions, CachedStore, Eviction, FaultIn, Warmed, DEFAULT_IO_THREADS};
+pub use cached::{
+    uring_available, CacheOptions, CachedStore, Eviction, FaultIn, Prefetch, Warmed, DEFAULT_IO_THREADS,
+};
 pub use direct::IoMode;
 pub use engine::readers::Readers;
 pub use engine::stats::StoreStats;

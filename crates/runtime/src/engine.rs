@@ -79,10 +79,11 @@ pub struct LoadOptions {
     pub mem: Option<usize>,
     /// Bytes of decoded routed experts to keep in RAM. Default: what `mem` leaves.
     pub expert_cache: Option<usize>,
-    /// Guess the next MoE layer's experts from the current residual and read them early (off by
-    /// default: on random-weight checkpoints the guesses cost more disk time than they save; see
-    /// docs/PERFORMANCE.md).
-    pub prefetch: bool,
+    /// Which guesses of the next MoE layer's experts (from the current residual) are read early:
+    /// by default those of prompts and batches, which route to most of a layer's experts; a lone
+    /// token's only with `Prefetch::On` (on random-weight checkpoints those cost more disk time
+    /// than they save; see docs/PERFORMANCE.md).
+    pub prefetch: strata_experts::Prefetch,
     /// How expert bytes are read (direct reads; mmap only to measure what it costs).
     pub io: strata_experts::IoMode,
     /// Which cached expert makes room for a new one.

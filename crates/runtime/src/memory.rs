@@ -177,8 +177,14 @@ impl MemoryPlan {
             .clamp(1, ctx_size.max(1));
         let expert = plan.bytes_per_expert() as usize + READ_SLACK;
         let top_k = plan.layout.top_k.min(plan.layout.n_experts);
-        let in_flight = (top_k * sequences * if options.prefetch { 2 } else { 1 })
-            .min(strata_experts::DEFAULT_IO_THREADS);
+        let in_flight = (top_k
+            * sequences
+            * if options.prefetch == strata_experts::Prefetch::On {
+                2
+            } else {
+                1
+            })
+        .min(strata_experts::DEFAULT_IO_THREADS);
         let buffers = (2 * in_flight + top_k) * expert;
         let work_for = |chunk: usize| {
             WORK_BASE

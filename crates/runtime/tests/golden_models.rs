@@ -25,7 +25,7 @@ fn load_streaming(name: &str) -> Engine {
     );
     let options = LoadOptions {
         expert_cache: Some(3 * plan.bytes_per_expert() as usize),
-        prefetch: true,
+        prefetch: strata_experts::Prefetch::On,
         ..Default::default()
     };
     Engine::load(&fixture(name), &options).unwrap_or_else(|e| panic!("{name}: {e}"))

@@ -356,7 +356,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     }
     println!(
         "prefetch              {}: recall {:.1} % of routed experts guessed a layer early; {:.1} MB wasted ({:.1} % of bytes read)",
-        if store.prefetch_enabled() { "on" } else { "off" },
+        store.prefetch_mode().name(),
         recall * 100.0,
         wasted / 1e6,
         if total_read > 0.0 { 100.0 * wasted / total_read } else { 0.0 }
@@ -429,7 +429,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             "reference_at_this_run_efficiency_s": p.at_this_efficiency_s,
         })));
         let prefetch_figures = serde_json::json!({
-            "prefetch": store.prefetch_enabled(),
+            "prefetch": store.prefetch_mode().name(),
             "prefetch_recall": recall,
             "prefetch_wasted_bytes": wasted,
             "prefetch_wasted_share_of_reads": if total_read > 0.0 { wasted / total_read } else { 0.0 },

@@ -329,12 +329,14 @@ pub struct MemArgs {
     /// Default: what --mem leaves.
     #[arg(long, value_name = "SIZE", value_parser = strata_runtime::parse_size)]
     pub expert_cache: Option<usize>,
-    /// Guess each next MoE layer's experts from the current residual and read them early
-    /// (`--prefetch` alone means on). `strata bench` reports how often the guesses are right and
-    /// the bytes they waste; off by default until it pays on real checkpoints.
-    #[arg(long, value_enum, value_name = "on|off", num_args = 0..=1, default_missing_value = "on",
-          default_value_t = Switch::Off)]
-    prefetch: Switch,
+    /// Guess each next MoE layer's experts from the current residual and read them early:
+    /// `auto` for prompts and batches only (guesses naming at least half of a layer's experts,
+    /// so the next layer's reads overlap this layer's compute), `on` also for a lone token's
+    /// (`--prefetch` alone means on), `off`. `strata bench` reports how often the guesses are
+    /// right and the bytes they waste.
+    #[arg(long, value_enum, value_name = "auto|on|off", num_args = 0..=1, default_missing_value = "on",
+          default_value_t = PrefetchArg::Auto)]
+    prefetch: PrefetchArg,
     /// How expert bytes are read: `pread` (direct reads that bypass the page cache, by a pool of
     /// reader threads), `uring` (the same direct reads through one io_uring, Linux) or `mmap`
     /// (demand paging, kept to measure what it costs).
@@ -425,16 +427,17 @@ pub enum CachePolicy {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Switch {
-    On,
-    Off,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum FaultIn {
     Preload,
     AtLoad,
     OnRead,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum PrefetchArg {
+    Auto,
+    On,
+    Off,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -449,7 +452,11 @@ impl MemArgs {
         strata_runtime::LoadOptions {
             mem: self.mem,
             expert_cache: self.expert_cache,
-            prefetch: self.prefetch == Switch::On,
+            prefetch: match self.prefetch {
+                PrefetchArg::Auto => strata_experts::Prefetch::Batches,
+                PrefetchArg::On => strata_experts::Prefetch::On,
+                PrefetchArg::Off => strata_experts::Prefetch::Off,
+            },
             eviction: match self.cache_policy {
                 CachePolicy::Lru => strata_experts::Eviction::Lru,
                 CachePolicy::Lfu => strata_experts::Eviction::LfuDecay {

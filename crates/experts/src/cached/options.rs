@@ -21,6 +21,33 @@ pub enum FaultIn {
     OnRead,
 }
 
+/// Which guesses of a later layer's experts (`ExpertStore::prefetch`) are read ahead.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Prefetch {
+    /// None.
+    Off,
+    /// Guesses that name at least half of the layer's experts: those of prompts and batches,
+    /// whose tokens together route to most experts of every layer (a 512-token prompt of a
+    /// 128-expert, top-8 model to all of them), so the next layer's reads overlap this layer's
+    /// compute; a lone token's guesses (right about half the time on a trained model, seldom on
+    /// random weights) are not read.
+    #[default]
+    Batches,
+    /// Every guess.
+    On,
+}
+
+impl Prefetch {
+    /// The CLI's name for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Prefetch::Off => "off",
+            Prefetch::Batches => "auto",
+            Prefetch::On => "on",
+        }
+    }
+}
+
 /// How a [`CachedStore`](super::CachedStore) holds and reads experts.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CacheOptions {
@@ -28,8 +55,8 @@ pub struct CacheOptions {
     pub budget: usize,
     /// Read buffers (each an expert's reads) kept for reuse at most.
     pub kept_buffers: usize,
-    /// Read predicted experts ahead (`ExpertStore::prefetch`).
-    pub prefetch: bool,
+    /// Which predicted experts are read ahead (`ExpertStore::prefetch`).
+    pub prefetch: Prefetch,
     pub io: IoMode,
     pub eviction: Eviction,
     pub fault_in: FaultIn,

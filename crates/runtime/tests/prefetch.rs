@@ -1,0 +1,63 @@
+//! `--prefetch auto` (the default): a prompt's guesses of the next MoE layer's experts (which
+//! name most of its experts) are read early, a lone token's are not; reading them changes no
+//! result. Shapes come from the fixture's config.json.
+
+use std::sync::atomic::Ordering;
+
+use strata_experts::Prefetch;
+use strata_runtime::{Engine, LoadOptions, ModelPlan};
+use strata_testkit::fixture;
+
+const MODEL: &str = "qwen3-moe-tiny";
+
+/// An engine whose cache holds 3 experts (fewer than a layer's), with `prefetch`.
+fn load(prefetch: Prefetch) -> Engine {
+    let plan = ModelPlan::from_dir(&fixture(MODEL)).unwrap();
+    let options = LoadOptions {
+        expert_cache: Some(3 * plan.bytes_per_expert() as usize),
+        prefetch,
+        ..Default::default()
+    };
+    Engine::load(&fixture(MODEL), &options).unwrap_or_else(|e| panic!("{MODEL}: {e}"))
+}
+
+/// Routed experts asked for in a layer that had a guess read ahead, so far.
+fn guessed(engine: &Engine) -> u64 {
+    engine
+        .experts
+        .as_ref()
+        .expect("a MoE model")
+        .stats
+        .predicted_asked
+        .load(Ordering::Relaxed)
+}
+
+#[test]
+fn a_prompts_guesses_are_read_ahead_by_default_and_a_lone_tokens_are_not() {
+    let plan = ModelPlan::from_dir(&fixture(MODEL)).unwrap();
+    let (experts, top_k) = (plan.layout.n_experts, plan.layout.top_k);
+    assert!(
+        2 * top_k < experts,
+        "a lone token must guess fewer than half the experts"
+    );
+    let prompt: Vec<u32> = (1..=24).collect();
+
+    let auto = load(Prefetch::Batches);
+    let lone = auto.logits(&[7]).unwrap();
+    assert_eq!(
+        guessed(&auto),
+        0,
+        "a lone token's guesses ({top_k} of {experts}) are not read"
+    );
+    let batch = auto.logits(&prompt).unwrap();
+    assert!(guessed(&auto) > 0, "a 24-token prompt's guesses are read ahead");
+
+    let off = load(Prefetch::Off);
+    assert_eq!(off.logits(&[7]).unwrap().last_logits, lone.last_logits);
+    assert_eq!(off.logits(&prompt).unwrap().all_logits, batch.all_logits);
+    assert_eq!(guessed(&off), 0, "--prefetch off reads no guess");
+
+    let on = load(Prefetch::On);
+    on.logits(&[7]).unwrap();
+    assert!(guessed(&on) > 0, "--prefetch on reads a lone token's guesses too");
+}
