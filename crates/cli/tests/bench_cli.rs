@@ -132,11 +132,7 @@ fn prefetch_alone_means_on_and_other_values_are_refused() {
     let (_, j) = bench(&["-m", model, "--tokens", "2", "--prefetch", "--json"]);
     assert_eq!(j["prefetch"].as_str(), Some("on"));
     let (_, j) = bench(&["-m", model, "--tokens", "2", "--json"]);
-    assert_eq!(
-        j["prefetch"].as_str(),
-        Some("auto"),
-        "prompts' guesses by default"
-    );
+    assert_eq!(j["prefetch"].as_str(), Some("off"), "no guess is read by default");
     let out = Command::new(env!("CARGO_BIN_EXE_strata"))
         .args(["bench", "-m", model, "--tokens", "2", "--prefetch", "maybe"])
         .output()

@@ -80,9 +80,9 @@ pub struct LoadOptions {
     /// Bytes of decoded routed experts to keep in RAM. Default: what `mem` leaves.
     pub expert_cache: Option<usize>,
     /// Which guesses of the next MoE layer's experts (from the current residual) are read early:
-    /// by default those of prompts and batches, which route to most of a layer's experts; a lone
-    /// token's only with `Prefetch::On` (on random-weight checkpoints those cost more disk time
-    /// than they save; see docs/PERFORMANCE.md).
+    /// none by default; `Prefetch::Batches` those of prompts and batches, which name most of a
+    /// layer's experts; `Prefetch::On` also a lone token's (on random-weight checkpoints neither
+    /// has saved more disk time than it cost; see docs/PERFORMANCE.md).
     pub prefetch: strata_experts::Prefetch,
     /// How expert bytes are read (direct reads; mmap only to measure what it costs).
     pub io: strata_experts::IoMode,

@@ -1,6 +1,6 @@
-//! `--prefetch auto` (the default): a prompt's guesses of the next MoE layer's experts (which
-//! name most of its experts) are read early, a lone token's are not; reading them changes no
-//! result. Shapes come from the fixture's config.json.
+//! `--prefetch auto`: a prompt's guesses of the next MoE layer's experts (which name most of its
+//! experts) are read early, a lone token's are not; `off` (the default) reads none, `on` both;
+//! reading them changes no result. Shapes come from the fixture's config.json.
 
 use std::sync::atomic::Ordering;
 
@@ -33,7 +33,7 @@ fn guessed(engine: &Engine) -> u64 {
 }
 
 #[test]
-fn a_prompts_guesses_are_read_ahead_by_default_and_a_lone_tokens_are_not() {
+fn auto_reads_a_prompts_guesses_ahead_and_not_a_lone_tokens() {
     let plan = ModelPlan::from_dir(&fixture(MODEL)).unwrap();
     let (experts, top_k) = (plan.layout.n_experts, plan.layout.top_k);
     assert!(
@@ -52,7 +52,7 @@ fn a_prompts_guesses_are_read_ahead_by_default_and_a_lone_tokens_are_not() {
     let batch = auto.logits(&prompt).unwrap();
     assert!(guessed(&auto) > 0, "a 24-token prompt's guesses are read ahead");
 
-    let off = load(Prefetch::Off);
+    let off = load(Prefetch::default());
     assert_eq!(off.logits(&[7]).unwrap().last_logits, lone.last_logits);
     assert_eq!(off.logits(&prompt).unwrap().all_logits, batch.all_logits);
     assert_eq!(guessed(&off), 0, "--prefetch off reads no guess");

@@ -332,10 +332,11 @@ pub struct MemArgs {
     /// Guess each next MoE layer's experts from the current residual and read them early:
     /// `auto` for prompts and batches only (guesses naming at least half of a layer's experts,
     /// so the next layer's reads overlap this layer's compute), `on` also for a lone token's
-    /// (`--prefetch` alone means on), `off`. `strata bench` reports how often the guesses are
-    /// right and the bytes they waste.
+    /// (`--prefetch` alone means on), `off` (the default until either pays on real
+    /// checkpoints). `strata bench` reports how often the guesses are right and the bytes they
+    /// waste.
     #[arg(long, value_enum, value_name = "auto|on|off", num_args = 0..=1, default_missing_value = "on",
-          default_value_t = PrefetchArg::Auto)]
+          default_value_t = PrefetchArg::Off)]
     prefetch: PrefetchArg,
     /// How expert bytes are read: `pread` (direct reads that bypass the page cache, by a pool of
     /// reader threads), `uring` (the same direct reads through one io_uring, Linux) or `mmap`

@@ -24,14 +24,15 @@ pub enum FaultIn {
 /// Which guesses of a later layer's experts (`ExpertStore::prefetch`) are read ahead.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Prefetch {
-    /// None.
+    /// None (the default: neither kind below has paid on random weights yet; see
+    /// docs/PERFORMANCE.md).
+    #[default]
     Off,
     /// Guesses that name at least half of the layer's experts: those of prompts and batches,
     /// whose tokens together route to most experts of every layer (a 512-token prompt of a
     /// 128-expert, top-8 model to all of them), so the next layer's reads overlap this layer's
     /// compute; a lone token's guesses (right about half the time on a trained model, seldom on
     /// random weights) are not read.
-    #[default]
     Batches,
     /// Every guess.
     On,
