@@ -62,6 +62,26 @@ fn bench_ends_with_one_json_line_of_the_figures_checks_read() {
             let v = num(&j, key);
             assert!(v.is_finite() && v >= 0.0, "{what}: {key} = {v}");
         }
+        // The prompt's time split: parts that add up to at most its whole.
+        let parts: f64 = [
+            "prefill_attention_s",
+            "prefill_moe_s",
+            "prefill_wait_s",
+            "prefill_other_s",
+        ]
+        .map(|k| num(&j, k))
+        .iter()
+        .inspect(|v| assert!(v.is_finite() && **v >= 0.0, "{what}: prefill split {v}"))
+        .sum();
+        let whole = num(&j, "prefill_s");
+        assert!(
+            whole > 0.0 && parts <= whole * 1.001 + 1e-6,
+            "{what}: prefill parts {parts} s of {whole} s"
+        );
+        assert!(
+            num(&j, "prefill_other_s") < whole,
+            "{what}: attention and MoE layers take time"
+        );
         // A 1 KiB cache holds no expert: every routed expert of every token is read, as the
         // plan shown beside the figures expects.
         assert!(num(&j, "bytes_read_per_token") > 0.0, "{what}");

@@ -179,6 +179,10 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         .then(|| ComputeFigures::measure(&before, &marks, request.prompt.len()));
     let prefill_s = (marks[0].0.at - t0).as_secs_f64();
     let prefill_stats = marks[0].0.store;
+    // Where the prompt's time went (with its first token's sampling).
+    let prefill = TokenFigures::between(&before, &marks[0].0, raw_before);
+    let prefill_other_s =
+        (prefill.seconds - prefill.wait_s - prefill.expert_s - prefill.attention_s).max(0.0);
     // Token i runs from token i-1's next start to its own end; its disk rate is the mean of the
     // probes on either side (or of the whole-run measurements without probes).
     let tokens: Vec<TokenFigures> = marks
@@ -260,8 +264,12 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         }
     );
     println!(
-        "prefill               {} tokens in {prefill_s:.2} s",
-        request.prompt.len()
+        "prefill               {} tokens in {prefill_s:.2} s: attention {:.2} s, MoE layers {:.2} s, waiting for reads {:.2} s, the rest {:.2} s",
+        request.prompt.len(),
+        prefill.attention_s,
+        prefill.expert_s,
+        prefill.wait_s,
+        prefill_other_s
     );
     if let Some(c) = &compute {
         c.print();
@@ -404,6 +412,10 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             "warmed_read_buffer_bytes": store.warmed_buffer_bytes(),
             "prefill_tokens": request.prompt.len(),
             "prefill_s": prefill_s,
+            "prefill_attention_s": prefill.attention_s,
+            "prefill_moe_s": prefill.expert_s,
+            "prefill_wait_s": prefill.wait_s,
+            "prefill_other_s": prefill_other_s,
             "prefill_bytes_read": prefill_stats[2] - before.store[2],
             "tokens_per_s": 1.0 / per_token_s,
             "streamed_layers": engine.spine.as_ref().map_or(0, |s| s.layers().len()),
