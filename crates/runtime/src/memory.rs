@@ -9,7 +9,7 @@
 //!   per token): the expert cache gets what is left, never more than all the experts (what the
 //!   model cannot use is left to the system and shown as unused).
 //! - Read buffers only as deep as the disk needs: the experts one step can have in flight
-//!   (top-k per sequence, doubled with prefetch, at most the reader threads), as many kept for
+//!   (top-k per sequence, doubled with `--prefetch auto|on`, at most the reader threads), as many kept for
 //!   reuse, and one layer's worth computed on uncached (experts compute on their read buffers,
 //!   so a cached expert is its buffer, counted once, in the cache).
 //! - Working memory sized from the model: a step's activations for one prompt chunk, the
@@ -179,7 +179,7 @@ impl MemoryPlan {
         let top_k = plan.layout.top_k.min(plan.layout.n_experts);
         let in_flight = (top_k
             * sequences
-            * if options.prefetch == strata_experts::Prefetch::On {
+            * if options.prefetch != strata_experts::Prefetch::Off {
                 2
             } else {
                 1
