@@ -61,6 +61,31 @@ unsafe fn hsum512(v: __m512) -> f32 {
     crate::dot::hsum256(_mm256_add_ps(lo, hi))
 }
 
+/// The prefetches of a two-row pass at byte `offset` of rows `p` and `q = p + rb` (contiguous):
+/// two lines [`PREFETCH_AHEAD`] bytes ahead of each row's position in the order the rows are
+/// read (pairs of rows one after the other), so once the distance runs past the pair's rows it
+/// asks for the next pair's two rows rather than the second row again.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn pair_prefetch<T>(p: *const T, q: *const T, offset: usize, rb: usize) {
+    if offset.is_multiple_of(128) {
+        let ahead = offset + crate::dot::PREFETCH_AHEAD;
+        let (a, b) = if ahead < rb {
+            (
+                (p as *const u8).wrapping_add(ahead),
+                (q as *const u8).wrapping_add(ahead),
+            )
+        } else {
+            let a = (q as *const u8).wrapping_add(ahead);
+            (a, a.wrapping_add(rb))
+        };
+        for l in [a, b] {
+            _mm_prefetch::<_MM_HINT_T0>(l as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(l.wrapping_add(64) as *const i8);
+        }
+    }
+}
+
 /// Inputs per slice of a several-token product: the slice of each token's activation (8 x 2 KiB)
 /// and of a block of rows stay in the nearest cache while the rows' sums advance over it.
 const SLICE: usize = 512;
@@ -69,7 +94,7 @@ const SLICE: usize = 512;
 const ROW_BLOCK: usize = 16;
 
 macro_rules! kernel {
-    ($steps:ident, $finish:ident, $rows:ident, $tokens:ident, $group:ident, $elem:ty, $load:ident, $widen:expr) => {
+    ($steps:ident, $finish:ident, $rows:ident, $pair:ident, $tokens:ident, $group:ident, $elem:ty, $load:ident, $widen:expr) => {
         /// The 32-wide steps over `w[from..to]` (`to - from` a multiple of 32) into each token's
         /// two sums, in input order.
         #[inline]
@@ -140,6 +165,36 @@ macro_rules! kernel {
             $finish::<N>(w, scale, &xs, pairs, a0, a1)
         }
 
+        /// One token against two rows `w[..n]` and `w[n..2n]` side by side: each row's steps,
+        /// finish and scale are those of the one-row kernel with one token (the same bits), but the two
+        /// rows' four sums advance together (twice the independent additions in flight) and each
+        /// activation vector is loaded once for both rows.
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        unsafe fn $pair(w: &[$elem], scales: [f32; 2], x: &[f32]) -> [f32; 2] {
+            let n = x.len();
+            assert_eq!(w.len(), 2 * n);
+            let (r0, r1) = w.split_at(n);
+            let pairs = n / 32 * 32;
+            let z = _mm512_setzero_ps();
+            let (mut a0, mut a1, mut b0, mut b1) = (z, z, z, z);
+            let (p, q, xp) = (r0.as_ptr(), r1.as_ptr(), x.as_ptr());
+            let rb = std::mem::size_of_val(r0);
+            let mut i = 0;
+            while i < pairs {
+                pair_prefetch(p, q, std::mem::size_of::<$elem>() * i, rb);
+                let (x0, x1) = (_mm512_loadu_ps(xp.add(i)), _mm512_loadu_ps(xp.add(i + 16)));
+                a0 = _mm512_fmadd_ps($load(p.add(i)), x0, a0);
+                a1 = _mm512_fmadd_ps($load(p.add(i + 16)), x1, a1);
+                b0 = _mm512_fmadd_ps($load(q.add(i)), x0, b0);
+                b1 = _mm512_fmadd_ps($load(q.add(i + 16)), x1, b1);
+                i += 32;
+            }
+            let xs = [x];
+            let ya = $finish::<1>(r0, scales[0], &xs, pairs, [a0], [a1]);
+            let yb = $finish::<1>(r1, scales[1], &xs, pairs, [b0], [b1]);
+            [ya[0], yb[0]]
+        }
+
         /// N tokens against rows `r0..r0 + rows` (at most [`ROW_BLOCK`]): the steps advance a
         /// [`SLICE`] of inputs at a time over every row, each row's sums kept between slices
         /// (the same steps in the same order as the one-row kernel, so the same bits), then each row's
@@ -205,6 +260,20 @@ macro_rules! kernel {
             let tokens = xs.len();
             let rows = w.len() / in_dim.max(1);
             assert_eq!(out.len(), rows * tokens);
+            if tokens == 1 {
+                let (x, mut r) = (xs[0], 0);
+                while r + 2 <= rows {
+                    let s = scales.map_or([1.0; 2], |s| [s[r], s[r + 1]]);
+                    let y = $pair(&w[r * in_dim..(r + 2) * in_dim], s, x);
+                    out[r..r + 2].copy_from_slice(&y);
+                    r += 2;
+                }
+                if r < rows {
+                    let s = scales.map_or(1.0, |s| s[r]);
+                    out[r] = $rows::<1>(&w[r * in_dim..(r + 1) * in_dim], s, [x])[0];
+                }
+                return;
+            }
             let mut t = 0;
             while t < tokens {
                 let take = (tokens - t).min(8);
@@ -281,19 +350,20 @@ macro_rules! kernel {
     };
 }
 
-kernel!(steps_f32, finish_f32, rows_f32, tokens_f32, group_f32, f32, load_f32, widen_f32);
+kernel!(steps_f32, finish_f32, rows_f32, pair_f32, tokens_f32, group_f32, f32, load_f32, widen_f32);
 kernel!(
     steps_bf16,
     finish_bf16,
     rows_bf16,
+    pair_bf16,
     tokens_bf16,
     group_bf16,
     u16,
     load_bf16,
     bf16_to_f32
 );
-kernel!(steps_f16, finish_f16, rows_f16, tokens_f16, group_f16, u16, load_f16, widen_f16);
-kernel!(steps_i8, finish_i8, rows_i8, tokens_i8, group_i8, i8, load_i8, widen_i8);
+kernel!(steps_f16, finish_f16, rows_f16, pair_f16, tokens_f16, group_f16, u16, load_f16, widen_f16);
+kernel!(steps_i8, finish_i8, rows_i8, pair_i8, tokens_i8, group_i8, i8, load_i8, widen_i8);
 
 pub fn dot_f32_entry(w: &[f32], x: &[f32]) -> f32 {
     // SAFETY: selected only when `isa()` found AVX-512 F (with AVX2, FMA, F16C).
@@ -313,4 +383,49 @@ pub fn dot_f16_entry(w: &[u16], x: &[f32]) -> f32 {
 pub fn dot_int8_entry(w: &[i8], scale: f32, x: &[f32]) -> f32 {
     // SAFETY: as above.
     unsafe { rows_i8::<1>(w, scale, [x])[0] }
+}
+
+/// 16 E4M3 bytes at `p` -> 16 f32 at 2^-8 of their value, exact for every code: the bytes
+/// sign-extended to 16 bits and shifted are F16s with E4M3's digits (see `fp8::x86`), widened.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn decode_fp8_16(p: *const u8) -> __m512 {
+    let v = _mm256_cvtepi8_epi16(_mm_loadu_si128(p as *const __m128i));
+    let m = _mm256_set1_epi16(0xBF80u16 as i16);
+    _mm512_cvtph_ps(_mm256_and_si256(_mm256_slli_epi16::<7>(v), m))
+}
+
+/// One FP8 row against an activation that carries its block scales and the decode's 2^8
+/// already (`fp8::scale_activation`): four chains of 16 lanes over 64 inputs per step (one
+/// line, one prefetch), then 16-wide steps into the first, then the scalar tail. Each 16
+/// weights cost one widening, one shift, one mask and one F16 conversion, half the AVX2
+/// kernel's shuffles per weight.
+///
+/// # Safety
+/// The CPU must have AVX-512 F, AVX2, FMA and F16C.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+pub unsafe fn dot_fp8_scaled(w: &[u8], xs: &[f32]) -> f32 {
+    assert_eq!(w.len(), xs.len());
+    let n = w.len();
+    let (wp, xp) = (w.as_ptr(), xs.as_ptr());
+    let mut acc = [_mm512_setzero_ps(); 4];
+    let mut i = 0;
+    while i + 64 <= n {
+        crate::dot::x86::prefetch(wp.add(i));
+        for (k, a) in acc.iter_mut().enumerate() {
+            let j = i + 16 * k;
+            *a = _mm512_fmadd_ps(decode_fp8_16(wp.add(j)), _mm512_loadu_ps(xp.add(j)), *a);
+        }
+        i += 64;
+    }
+    while i + 16 <= n {
+        acc[0] = _mm512_fmadd_ps(decode_fp8_16(wp.add(i)), _mm512_loadu_ps(xp.add(i)), acc[0]);
+        i += 16;
+    }
+    let sum = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+    let mut tail = 0f32;
+    for j in i..n {
+        tail += crate::fp8::e4m3_scaled(w[j]) * xs[j];
+    }
+    hsum512(sum) + tail
 }

@@ -281,7 +281,7 @@ pub fn prepare_reference(x: &[f32]) -> Vec<f32> {
 
 /// An E4M3 byte at 2^-8 of its value (the bits of the SIMD decode, one byte): exact.
 #[cfg(target_arch = "x86_64")]
-fn e4m3_scaled(b: u8) -> f32 {
+pub(crate) fn e4m3_scaled(b: u8) -> f32 {
     half::f16::from_bits(((((b as i8) as i16) << 7) as u16) & 0xBF80).to_f32()
 }
 
@@ -412,14 +412,23 @@ pub fn rows_fp8_prepared(
         SCALED.with(|cell| {
             let (slots, next) = &mut *cell.borrow_mut();
             let (mut slot, mut slot_rb) = (0, usize::MAX);
+            let wide = crate::isa::isa() == crate::isa::Isa::Avx512;
             for (i, o) in out.iter_mut().enumerate() {
                 let r = r0 + i;
                 if r / block.0 != slot_rb {
                     slot_rb = r / block.0;
                     slot = scaled_slot(slots, next, act, row_scales(slot_rb), block.1);
                 }
-                // SAFETY: `scaled_path` saw avx2 and fma.
-                *o = unsafe { x86::dot_fp8_scaled_avx2(&w[r * n..(r + 1) * n], &slots[slot].values) };
+                let (row, xs) = (&w[r * n..(r + 1) * n], &slots[slot].values);
+                // SAFETY: `isa()` found AVX-512 F (with AVX2, FMA, F16C) for the first,
+                // `scaled_path` saw avx2, fma and f16c for the second.
+                *o = unsafe {
+                    if wide {
+                        crate::avx512::dot_fp8_scaled(row, xs)
+                    } else {
+                        x86::dot_fp8_scaled_avx2(row, xs)
+                    }
+                };
             }
         });
         return;

@@ -250,15 +250,16 @@ impl Linear {
         }
     }
 
-    /// `out[i] = row_dot_prepared(rows.start + i, x, p)`. Rows go one after the other: one
-    /// sequential stream of weights is what memory serves fastest (several rows side by side,
-    /// sharing the activation's loads, measured slower on weights not in cache).
+    /// `out[i] = row_dot_prepared(rows.start + i, x, p)`. The dense formats and INT8 take their
+    /// rows-and-tokens kernels with one token (on AVX-512: two rows per pass, each row's bits
+    /// those of the one-row kernel); the others go row after row.
     pub fn rows_dot_prepared(&self, rows: std::ops::Range<usize>, x: &[f32], p: &Prepared, out: &mut [f32]) {
         assert_eq!(out.len(), rows.len());
         assert!(rows.end <= self.out_dim && x.len() == self.in_dim);
         if let Some(w) = self.amx_bf16() {
             return amx_product(w, self.in_dim, rows, x, 1, out);
         }
+        let span = rows.start * self.in_dim..rows.end * self.in_dim;
         match (&self.data, p) {
             (
                 WeightData::Int4 {
@@ -277,6 +278,13 @@ impl Linear {
             (WeightData::Q8_0 { blocks }, _) => {
                 let rb = q8_0::row_bytes(self.in_dim);
                 return q8_0::rows_tokens(&blocks[rows.start * rb..rows.end * rb], rb, &[x], out);
+            }
+            (WeightData::F32(w), _) => return dot::rows_f32_tokens(&w[span], self.in_dim, &[x], out),
+            (WeightData::Bf16(w), _) => return dot::rows_bf16_tokens(&w[span], self.in_dim, &[x], out),
+            (WeightData::F16(w), _) => return dot::rows_f16_tokens(&w[span], self.in_dim, &[x], out),
+            (WeightData::Int8 { w, scales }, _) => {
+                let s = &scales[rows.clone()];
+                return int8::rows_int8_tokens(&w[span], s, self.in_dim, &[x], out);
             }
             (WeightData::Ggml { ty, blocks }, _) => {
                 let rb = ty.row_bytes(self.in_dim);

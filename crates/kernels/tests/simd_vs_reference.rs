@@ -248,17 +248,7 @@ fn avx2_kernels_equal_their_scalar_twins() {
         // Real checkpoints use blocks of 128: multiples of 32 take the prepared kernel's
         // reordered path, other sizes the plain one.
         let block = [1 + rng.below(200), 32, 64, 128][rng.below(4)];
-        // Every code of either sign but the two NaNs.
-        let codes: Vec<u8> = (0..n)
-            .map(|_| match rng.next() as u8 {
-                c if c & 0x7f == 0x7f => c & 0xfe,
-                c => c,
-            })
-            .collect();
-        let scales: Vec<f32> = (0..n.div_ceil(block)).map(|_| rng.f32()).collect();
-        let dec: Vec<f32> = (0..n)
-            .map(|j| fp8::e4m3_to_f32(codes[j]) * scales[j / block])
-            .collect();
+        let (codes, scales, dec) = fp8_row(&mut rng, n, block);
         assert_close(
             &label("fp8"),
             fp8::x86::dot_fp8_avx2_entry(&codes, &scales, block, &x),
@@ -317,6 +307,22 @@ fn avx2_kernels_equal_their_scalar_twins() {
 
 /// An activation with the cases quantization must get right: whole halves of zeros, tiny values
 /// (flushed below 1e-30), exact ties for rounding, and ordinary values.
+/// An FP8 row of `n` codes (every code of either sign but the two NaNs), its scales per `block`
+/// inputs, and its decoded values.
+fn fp8_row(rng: &mut Rand, n: usize, block: usize) -> (Vec<u8>, Vec<f32>, Vec<f32>) {
+    let codes: Vec<u8> = (0..n)
+        .map(|_| match rng.next() as u8 {
+            c if c & 0x7f == 0x7f => c & 0xfe,
+            c => c,
+        })
+        .collect();
+    let scales: Vec<f32> = (0..n.div_ceil(block)).map(|_| rng.f32()).collect();
+    let dec = (0..n)
+        .map(|j| fp8::e4m3_to_f32(codes[j]) * scales[j / block])
+        .collect();
+    (codes, scales, dec)
+}
+
 fn activation(rng: &mut Rand, n: usize) -> Vec<f32> {
     let mut x = rng.vec(n);
     for (h, xs) in x.chunks_mut(32).enumerate() {
@@ -607,6 +613,67 @@ fn avx512_kernels_equal_their_scalar_twins() {
             int8::dot_int8_reference(&wq, scale, &x) as f64,
             bound(&wq_f, &x) + 1e-6,
         );
+        // FP8 against an activation scaled by its block scales (what `rows_fp8_prepared` runs),
+        // blocks of any width.
+        let block = [1 + rng.below(200), 128][rng.below(2)];
+        let (codes, scales, dec) = fp8_row(&mut rng, n, block);
+        let mut xs = Vec::new();
+        fp8::scale_activation(&fp8::prepare(&x), &scales, block, &mut xs);
+        assert_close(
+            &label("fp8"),
+            // SAFETY: AVX-512 F (with AVX2, FMA, F16C: `isa`) was detected above.
+            unsafe { avx512::dot_fp8_scaled(&codes, &xs) },
+            fp8::dot_fp8_reference(&codes, &scales, block, &x) as f64,
+            2.0 * bound(&dec, &x) + 1e-6,
+        );
+    }
+}
+
+/// A one-token product of the dense formats and INT8 runs two rows per pass on AVX-512: each row
+/// gets the bits of the one-row kernel (odd row counts, widths off the 32- and 16-wide steps).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx512_two_row_pass_gives_each_row_the_one_row_bits() {
+    use strata_kernels::avx512;
+    if strata_kernels::isa::isa() != strata_kernels::isa::Isa::Avx512 {
+        eprintln!("AVX-512 kernels not in use: the two-row pass is tested where they are");
+        return;
+    }
+    let mut rng = Rand(0x2a0f_0000_2026_1205);
+    for case in 0..60 {
+        let (rows, n) = (1 + rng.below(9), 1 + rng.below(1100));
+        let x = rng.vec(n);
+        let wf = rng.vec(rows * n);
+        let wb: Vec<u16> = wf.iter().map(|v| half::bf16::from_f32(*v).to_bits()).collect();
+        let wh: Vec<u16> = wf.iter().map(|v| half::f16::from_f32(*v).to_bits()).collect();
+        let wq: Vec<i8> = wf.iter().map(|v| (v * 127.0).round() as i8).collect();
+        let scales: Vec<f32> = (0..rows).map(|_| 0.01 + rng.f32().abs()).collect();
+        let mut got = [
+            vec![0f32; rows],
+            vec![0f32; rows],
+            vec![0f32; rows],
+            vec![0f32; rows],
+        ];
+        dot::rows_f32_tokens(&wf, n, &[&x], &mut got[0]);
+        dot::rows_bf16_tokens(&wb, n, &[&x], &mut got[1]);
+        dot::rows_f16_tokens(&wh, n, &[&x], &mut got[2]);
+        int8::rows_int8_tokens(&wq, &scales, n, &[&x], &mut got[3]);
+        for r in 0..rows {
+            let span = r * n..(r + 1) * n;
+            let want = [
+                avx512::dot_f32_entry(&wf[span.clone()], &x),
+                avx512::dot_bf16_entry(&wb[span.clone()], &x),
+                avx512::dot_f16_entry(&wh[span.clone()], &x),
+                avx512::dot_int8_entry(&wq[span], scales[r], &x),
+            ];
+            for (k, name) in ["f32", "bf16", "f16", "int8"].iter().enumerate() {
+                assert_eq!(
+                    got[k][r].to_bits(),
+                    want[k].to_bits(),
+                    "case {case}: {name} row {r} of {rows}, n={n}"
+                );
+            }
+        }
     }
 }
 
