@@ -414,15 +414,25 @@ impl<'a> WeightTiles<'a> {
         }
     }
 
-    /// Asks for input tile `kt` of every row of the block (a hint: nothing past the matrix).
+    /// Asks for input tile `kt` of every row of the block; past the last tile, for tile
+    /// `kt - k_tiles` of the rows a pass further on (`ROWS_PER_PASS` rows down: the next pass's
+    /// block), so the next pass's first tiles are on their way too. A hint: it never faults,
+    /// also past the matrix.
     fn prefetch(&self, kt: usize) {
+        let k_tiles = self.in_dim.div_ceil(K_TILE);
+        let (kt, r0) = if kt < k_tiles {
+            (kt, self.r0)
+        } else {
+            (kt - k_tiles, self.r0 + ROWS_PER_PASS)
+        };
         let k0 = kt * K_TILE;
         if k0 >= self.in_dim {
             return;
         }
+        let first = self.w.as_ptr().wrapping_add(r0 * self.in_dim + k0) as *const i8;
         for r in 0..self.rows {
-            let p = self.w[(self.r0 + r) * self.in_dim + k0..].as_ptr() as *const i8;
-            // SAFETY: a prefetch never faults; `p` is inside the matrix.
+            let p = first.wrapping_add(2 * r * self.in_dim);
+            // SAFETY: a prefetch is a hint that never faults, whatever the address.
             unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p) };
         }
     }
@@ -449,6 +459,9 @@ impl<'a> WeightTiles<'a> {
 /// not follow as far as a sequential read; 8 measured better than 16, 32 and 64 for one token
 /// on the H200 machine's Xeon).
 const PREFETCH_TILES: usize = 8;
+
+/// Rows a pass covers (two blocks of [`ROWS`]).
+const ROWS_PER_PASS: usize = 2 * ROWS;
 
 /// One tile of sums as stored (16 rows of 16 f32).
 #[repr(C, align(64))]
