@@ -113,6 +113,16 @@ fn bench_ends_with_one_json_line_of_the_figures_checks_read() {
             Some(if io == "mmap" { "off" } else { prefetch }),
             "{what}"
         );
+        // The routed experts' products are part of the MoE layers' time (less their reads).
+        let (routed, moe) = (
+            num(&j, "routed_expert_s_per_token"),
+            num(&j, "expert_compute_s_per_token"),
+        );
+        assert!(
+            routed > 0.0 && routed <= moe * 1.01 + 1e-5,
+            "{what}: routed {routed} s of the MoE layers' {moe} s"
+        );
+        assert!(text.contains("the routed experts' products"), "{what}");
         let per_token = j["per_token"].as_array().expect("per_token");
         assert_eq!(
             per_token.len(),

@@ -337,6 +337,12 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     println!(
         "bound                 I/O {io_bound_s:.3} s + compute {compute_s:.3} s per token; token time is {ratio:.2} x their sum"
     );
+    println!(
+        "MoE layers            {:.3} s/token: the routed experts' products {:.3} s, the rest (router, shared expert, latent projections, sums) {:.3} s",
+        total.expert_s / steps,
+        total.routed_s / steps,
+        (total.expert_s - total.routed_s).max(0.0) / steps
+    );
     let per_layer: Vec<String> = store
         .layer_stats()
         .iter()
@@ -395,6 +401,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             "hit_rate": hit_rate,
             "io_wait_fraction": if decode_s > 0.0 { wait_s / decode_s } else { 0.0 },
             "expert_compute_s_per_token": total.expert_s / steps,
+            "routed_expert_s_per_token": total.routed_s / steps,
             "attention_s_per_token": total.attention_s / steps,
             "other_s_per_token": total.other_s() / steps,
             "per_token": tokens.iter().map(TokenFigures::json).collect::<Vec<_>>(),
@@ -573,7 +580,7 @@ impl ComputeFigures {
 struct Mark {
     at: Instant,
     store: [u64; 8],
-    phases: [u64; 2],
+    phases: [u64; 3],
     asked: u64,
     right: u64,
     /// Weight bytes the matrix products have read so far.
@@ -591,6 +598,9 @@ struct TokenFigures {
     spine_wait_s: f64,
     busy_s: f64,
     expert_s: f64,
+    /// Of `expert_s`, the routed experts' products (the rest: router, shared expert, latent
+    /// projections, the weighted sums).
+    routed_s: f64,
     attention_s: f64,
     bytes: f64,
     /// Of `bytes`, streamed layers' non-expert weights.
@@ -615,6 +625,7 @@ impl TokenFigures {
             busy_s: d(5) / 1e9,
             // MoE layers' time less their wait for reads: router, shared and routed experts.
             expert_s: (moe_s - expert_wait_s).max(0.0),
+            routed_s: (b.phases[2] - a.phases[2]) as f64 / 1e9,
             attention_s: (b.phases[0] - a.phases[0]) as f64 / 1e9,
             bytes: d(2),
             spine_bytes: d(6),
@@ -639,6 +650,7 @@ impl TokenFigures {
             spine_wait_s: add(|t| t.spine_wait_s),
             busy_s: add(|t| t.busy_s),
             expert_s: add(|t| t.expert_s),
+            routed_s: add(|t| t.routed_s),
             attention_s: add(|t| t.attention_s),
             bytes,
             spine_bytes: add(|t| t.spine_bytes),

@@ -254,22 +254,24 @@ impl MoeLayer {
                     }
                     xe
                 };
-                let outs: Vec<Vec<f32>> = if strata_kernels::offload::takes_experts() {
-                    // On a device: the batch's products as two submissions (gate and up, then
-                    // down), not three round trips per expert.
-                    let xes: Vec<Vec<f32>> = batch.iter().map(|(i, _)| rows_for(*i)).collect();
-                    let experts: Vec<&crate::Expert> = batch.iter().map(|(_, e)| e.as_ref()).collect();
-                    super::mlp::experts_forward_grouped(&experts, &xes, self.act)
-                } else {
-                    let mut outs: Vec<Vec<f32>> = vec![Vec::new(); batch.len()];
-                    strata_kernels::for_each_chunk(&mut outs, 1, |b, out| {
-                        let (i, expert) = &batch[b];
-                        let xe = rows_for(*i);
-                        out[0] = super::mlp::expert_forward(expert, &xe, tokens_of[*i].len(), self.act);
-                        // (n_e, D)
-                    });
-                    outs
-                };
+                let outs: Vec<Vec<f32>> = crate::profile::timed(&crate::profile::PHASES.routed_ns, || {
+                    if strata_kernels::offload::takes_experts() {
+                        // On a device: the batch's products as two submissions (gate and up, then
+                        // down), not three round trips per expert.
+                        let xes: Vec<Vec<f32>> = batch.iter().map(|(i, _)| rows_for(*i)).collect();
+                        let experts: Vec<&crate::Expert> = batch.iter().map(|(_, e)| e.as_ref()).collect();
+                        super::mlp::experts_forward_grouped(&experts, &xes, self.act)
+                    } else {
+                        let mut outs: Vec<Vec<f32>> = vec![Vec::new(); batch.len()];
+                        strata_kernels::for_each_chunk(&mut outs, 1, |b, out| {
+                            let (i, expert) = &batch[b];
+                            let xe = rows_for(*i);
+                            out[0] = super::mlp::expert_forward(expert, &xe, tokens_of[*i].len(), self.act);
+                            // (n_e, D)
+                        });
+                        outs
+                    }
+                });
                 for ((i, _), ye) in batch.iter().zip(outs) {
                     expert_out[*i] = ye;
                 }
