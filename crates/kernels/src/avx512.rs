@@ -61,31 +61,6 @@ unsafe fn hsum512(v: __m512) -> f32 {
     crate::dot::hsum256(_mm256_add_ps(lo, hi))
 }
 
-/// The prefetches of a two-row pass at byte `offset` of rows `p` and `q = p + rb` (contiguous):
-/// two lines [`PREFETCH_AHEAD`] bytes ahead of each row's position in the order the rows are
-/// read (pairs of rows one after the other), so once the distance runs past the pair's rows it
-/// asks for the next pair's two rows rather than the second row again.
-#[inline]
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn pair_prefetch<T>(p: *const T, q: *const T, offset: usize, rb: usize) {
-    if offset.is_multiple_of(128) {
-        let ahead = offset + crate::dot::PREFETCH_AHEAD;
-        let (a, b) = if ahead < rb {
-            (
-                (p as *const u8).wrapping_add(ahead),
-                (q as *const u8).wrapping_add(ahead),
-            )
-        } else {
-            let a = (q as *const u8).wrapping_add(ahead);
-            (a, a.wrapping_add(rb))
-        };
-        for l in [a, b] {
-            _mm_prefetch::<_MM_HINT_T0>(l as *const i8);
-            _mm_prefetch::<_MM_HINT_T0>(l.wrapping_add(64) as *const i8);
-        }
-    }
-}
-
 /// Inputs per slice of a several-token product: the slice of each token's activation (8 x 2 KiB)
 /// and of a block of rows stay in the nearest cache while the rows' sums advance over it.
 const SLICE: usize = 512;
@@ -181,7 +156,7 @@ macro_rules! kernel {
             let rb = std::mem::size_of_val(r0);
             let mut i = 0;
             while i < pairs {
-                pair_prefetch(p, q, std::mem::size_of::<$elem>() * i, rb);
+                crate::dot::x86::pair_prefetch(p, q, std::mem::size_of::<$elem>() * i, rb);
                 let (x0, x1) = (_mm512_loadu_ps(xp.add(i)), _mm512_loadu_ps(xp.add(i + 16)));
                 a0 = _mm512_fmadd_ps($load(p.add(i)), x0, a0);
                 a1 = _mm512_fmadd_ps($load(p.add(i + 16)), x1, a1);

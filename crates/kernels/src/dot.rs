@@ -293,6 +293,34 @@ pub mod x86 {
         prefetch((base as *const u8).wrapping_add(offset))
     }
 
+    /// The prefetches of a two-row pass at byte `offset` of rows `p` and `q = p + rb` (contiguous):
+    /// two lines [`PREFETCH_AHEAD`] bytes ahead of each row's position in the order the rows are
+    /// read (pairs of rows one after the other), so once the distance runs past the pair's rows it
+    /// asks for the next pair's two rows rather than the second row again.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 (callers are AVX2 and AVX-512 kernels).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub fn pair_prefetch<T>(p: *const T, q: *const T, offset: usize, rb: usize) {
+        if offset.is_multiple_of(128) {
+            let ahead = offset + PREFETCH_AHEAD;
+            let (a, b) = if ahead < rb {
+                (
+                    (p as *const u8).wrapping_add(ahead),
+                    (q as *const u8).wrapping_add(ahead),
+                )
+            } else {
+                let a = (q as *const u8).wrapping_add(ahead);
+                (a, a.wrapping_add(rb))
+            };
+            for l in [a, b] {
+                _mm_prefetch::<_MM_HINT_T0>(l as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(l.wrapping_add(64) as *const i8);
+            }
+        }
+    }
+
     pub fn dot_f32_avx2_entry(w: &[f32], x: &[f32]) -> f32 {
         // SAFETY: selected only when avx2 and fma were detected.
         unsafe { dot_f32_avx2(w, x) }
@@ -343,7 +371,41 @@ pub mod x86 {
     /// ([`dense_tokens`]) advance a block of rows a slice of inputs at a time, each row's sums
     /// kept between slices (the same steps in the same order).
     macro_rules! dense_rows {
-        ($name:ident, $steps:ident, $finish:ident, $elem:ty, $features:literal, $load:ident, $widen:ident, $prefetch:ident, $pair:literal) => {
+        ($name:ident, $steps:ident, $finish:ident, $two:ident, $elem:ty, $features:literal, $load:ident, $widen:ident, $prefetch:ident, $pair:literal) => {
+            /// One token against two rows `w[..n]` and `w[n..2n]` side by side: each row's
+            /// steps and finish are the one-row kernel's with one token (the same bits), but
+            /// the two rows' sums advance together (twice the independent additions in flight)
+            /// and each activation vector is loaded once for both.
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn $two(w: &[$elem], x: &[f32]) -> [f32; 2] {
+                let n = x.len();
+                assert_eq!(w.len(), 2 * n);
+                let (r0, r1) = w.split_at(n);
+                let step = if $pair { 16 } else { 8 };
+                let end = n / step * step;
+                let z = _mm256_setzero_ps();
+                let (mut a0, mut a1, mut b0, mut b1) = (z, z, z, z);
+                let (p, q, xp) = (r0.as_ptr(), r1.as_ptr(), x.as_ptr());
+                let rb = std::mem::size_of_val(r0);
+                let mut i = 0;
+                while i < end {
+                    pair_prefetch(p, q, std::mem::size_of::<$elem>() * i, rb);
+                    let x0 = _mm256_loadu_ps(xp.add(i));
+                    a0 = _mm256_fmadd_ps($load(p.add(i)), x0, a0);
+                    b0 = _mm256_fmadd_ps($load(q.add(i)), x0, b0);
+                    if $pair {
+                        let x1 = _mm256_loadu_ps(xp.add(i + 8));
+                        a1 = _mm256_fmadd_ps($load(p.add(i + 8)), x1, a1);
+                        b1 = _mm256_fmadd_ps($load(q.add(i + 8)), x1, b1);
+                    }
+                    i += step;
+                }
+                let xs = [x];
+                let ya = $finish::<1>(r0, &xs, end, [a0], [a1]);
+                let yb = $finish::<1>(r1, &xs, end, [b0], [b1]);
+                [ya[0], yb[0]]
+            }
+
             /// The steps over `w[from..to]` (`to - from` a multiple of the step) into each
             /// token's sums, in input order.
             #[inline]
@@ -431,6 +493,7 @@ pub mod x86 {
         rows_f32_n,
         steps_f32,
         finish_f32,
+        two_f32,
         f32,
         "avx2,fma",
         load_f32x8,
@@ -442,6 +505,7 @@ pub mod x86 {
         rows_bf16_n,
         steps_bf16,
         finish_bf16,
+        two_bf16,
         u16,
         "avx2,fma",
         load_bf16x8,
@@ -453,6 +517,7 @@ pub mod x86 {
         rows_f16_n,
         steps_f16,
         finish_f16,
+        two_f16,
         u16,
         "avx2,fma,f16c",
         load_f16x8,
@@ -485,7 +550,7 @@ pub mod x86 {
     /// [`ROW_BLOCK`] rows advancing [`SLICE`] inputs at a time so the slice of the tokens'
     /// activations stays in the nearest cache.
     macro_rules! dense_tokens {
-        ($name:ident, $group:ident, $elem:ty, $features:literal, $steps:ident, $finish:ident, $pair:literal) => {
+        ($name:ident, $group:ident, $elem:ty, $features:literal, $steps:ident, $finish:ident, $two:ident, $pair:literal) => {
             #[allow(clippy::too_many_arguments)]
             #[inline]
             #[target_feature(enable = $features)]
@@ -535,6 +600,19 @@ pub mod x86 {
                 let tokens = xs.len();
                 let rows = w.len() / in_dim.max(1);
                 assert_eq!(out.len(), rows * tokens);
+                if tokens == 1 {
+                    // Two rows per pass; an odd last row alone (the same bits).
+                    let mut r = 0;
+                    while r + 2 <= rows {
+                        let y = $two(&w[r * in_dim..(r + 2) * in_dim], xs[0]);
+                        out[r..r + 2].copy_from_slice(&y);
+                        r += 2;
+                    }
+                    if r < rows {
+                        $group::<1>(w, in_dim, [xs[0]], r, 1, out, 1, 0);
+                    }
+                    return;
+                }
                 let mut t = 0;
                 while t < tokens {
                     let take = (tokens - t).min(4);
@@ -556,7 +634,7 @@ pub mod x86 {
         };
     }
 
-    dense_tokens!(tokens_f32, group_f32, f32, "avx2,fma", steps_f32, finish_f32, true);
+    dense_tokens!(tokens_f32, group_f32, f32, "avx2,fma", steps_f32, finish_f32, two_f32, true);
     dense_tokens!(
         tokens_bf16,
         group_bf16,
@@ -564,6 +642,7 @@ pub mod x86 {
         "avx2,fma",
         steps_bf16,
         finish_bf16,
+        two_bf16,
         true
     );
     dense_tokens!(
@@ -573,6 +652,7 @@ pub mod x86 {
         "avx2,fma,f16c",
         steps_f16,
         finish_f16,
+        two_f16,
         false
     );
 }

@@ -107,7 +107,47 @@ pub mod x86 {
         out
     }
 
-    /// [`super::rows_int8_tokens`] with up to four tokens per pass over a row.
+    /// One token against two rows side by side (`w` both rows, `scales` theirs): each row's
+    /// steps and sums those of [`rows_int8_n`] with one token (the same bits), the two rows'
+    /// additions in flight together and each activation vector loaded once for both.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn rows_int8_two(w: &[i8], scales: [f32; 2], x: &[f32]) -> [f32; 2] {
+        let n = x.len();
+        assert_eq!(w.len(), 2 * n);
+        let (r0, r1) = w.split_at(n);
+        let (p, q, xp) = (r0.as_ptr(), r1.as_ptr(), x.as_ptr());
+        let widen = |b: __m128i| {
+            (
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)),
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8))),
+            )
+        };
+        let z = _mm256_setzero_ps();
+        let (mut a0, mut a1, mut b0, mut b1) = (z, z, z, z);
+        let mut i = 0;
+        while i + 16 <= n {
+            crate::dot::x86::pair_prefetch(p, q, i, n);
+            let (x0, x1) = (_mm256_loadu_ps(xp.add(i)), _mm256_loadu_ps(xp.add(i + 8)));
+            let (v0, v1) = widen(_mm_loadu_si128(p.add(i) as *const __m128i));
+            a0 = _mm256_fmadd_ps(v0, x0, a0);
+            a1 = _mm256_fmadd_ps(v1, x1, a1);
+            let (u0, u1) = widen(_mm_loadu_si128(q.add(i) as *const __m128i));
+            b0 = _mm256_fmadd_ps(u0, x0, b0);
+            b1 = _mm256_fmadd_ps(u1, x1, b1);
+            i += 16;
+        }
+        let mut out = crate::dot::hsum256_n(&[_mm256_add_ps(a0, a1), _mm256_add_ps(b0, b1)]);
+        for (k, (row, s)) in [r0, r1].into_iter().zip(&mut out).enumerate() {
+            for j in i..n {
+                *s += row[j] as f32 * x[j];
+            }
+            *s *= scales[k];
+        }
+        out
+    }
+
+    /// [`super::rows_int8_tokens`] with up to four tokens per pass over a row (one token: two
+    /// rows per pass).
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn tokens_int8(
         w: &[i8],
@@ -117,6 +157,22 @@ pub mod x86 {
         out: &mut [f32],
     ) {
         let tokens = xs.len();
+        if tokens == 1 {
+            let mut r = 0;
+            while r + 2 <= scales.len() {
+                let y = rows_int8_two(
+                    &w[r * in_dim..(r + 2) * in_dim],
+                    [scales[r], scales[r + 1]],
+                    xs[0],
+                );
+                out[r..r + 2].copy_from_slice(&y);
+                r += 2;
+            }
+            if r < scales.len() {
+                out[r] = rows_int8_n::<1>(&w[r * in_dim..(r + 1) * in_dim], scales[r], [xs[0]])[0];
+            }
+            return;
+        }
         let mut t = 0;
         while t < tokens {
             let left = tokens - t;

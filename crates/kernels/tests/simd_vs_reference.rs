@@ -629,16 +629,36 @@ fn avx512_kernels_equal_their_scalar_twins() {
     }
 }
 
-/// A one-token product of the dense formats and INT8 runs two rows per pass on AVX-512: each row
-/// gets the bits of the one-row kernel (odd row counts, widths off the 32- and 16-wide steps).
+/// A one-token product of the dense formats and INT8 runs two rows per pass (AVX-512 and AVX2):
+/// each row gets the bits of the one-row kernel in use (odd row counts, widths off the steps).
 #[cfg(target_arch = "x86_64")]
 #[test]
-fn avx512_two_row_pass_gives_each_row_the_one_row_bits() {
+fn two_row_pass_gives_each_row_the_one_row_bits() {
     use strata_kernels::avx512;
-    if strata_kernels::isa::isa() != strata_kernels::isa::Isa::Avx512 {
-        eprintln!("AVX-512 kernels not in use: the two-row pass is tested where they are");
-        return;
-    }
+    use strata_kernels::isa::{isa, Isa};
+    type Rows = fn(&[f32], &[u16], &[u16], &[i8], f32, &[f32]) -> [f32; 4];
+    let one_row: Rows = match isa() {
+        Isa::Avx512 => |wf, wb, wh, wq, s, x| {
+            [
+                avx512::dot_f32_entry(wf, x),
+                avx512::dot_bf16_entry(wb, x),
+                avx512::dot_f16_entry(wh, x),
+                avx512::dot_int8_entry(wq, s, x),
+            ]
+        },
+        Isa::Avx2 => |wf, wb, wh, wq, s, x| {
+            [
+                dot::x86::dot_f32_avx2_entry(wf, x),
+                dot::x86::dot_bf16_avx2_entry(wb, x),
+                dot::x86::dot_f16_avx2_entry(wh, x),
+                int8::x86::dot_int8_avx2_entry(wq, s, x),
+            ]
+        },
+        _ => {
+            eprintln!("no x86 SIMD kernels in use: the two-row pass is tested where they are");
+            return;
+        }
+    };
     let mut rng = Rand(0x2a0f_0000_2026_1205);
     for case in 0..60 {
         let (rows, n) = (1 + rng.below(9), 1 + rng.below(1100));
@@ -660,12 +680,14 @@ fn avx512_two_row_pass_gives_each_row_the_one_row_bits() {
         int8::rows_int8_tokens(&wq, &scales, n, &[&x], &mut got[3]);
         for r in 0..rows {
             let span = r * n..(r + 1) * n;
-            let want = [
-                avx512::dot_f32_entry(&wf[span.clone()], &x),
-                avx512::dot_bf16_entry(&wb[span.clone()], &x),
-                avx512::dot_f16_entry(&wh[span.clone()], &x),
-                avx512::dot_int8_entry(&wq[span], scales[r], &x),
-            ];
+            let want = one_row(
+                &wf[span.clone()],
+                &wb[span.clone()],
+                &wh[span.clone()],
+                &wq[span],
+                scales[r],
+                &x,
+            );
             for (k, name) in ["f32", "bf16", "f16", "int8"].iter().enumerate() {
                 assert_eq!(
                     got[k][r].to_bits(),
