@@ -174,8 +174,9 @@ impl AmxAct {
         let cols = tokens.clamp(1, tokens_per_block(parts));
         let lay = Layout { parts, cols };
         let tile = ROWS * lay.row_len();
-        let mut data = crate::take_zeroed_u16(tokens.div_ceil(cols) * k_tiles * tile);
+        let mut data = crate::take_u16(tokens.div_ceil(cols) * k_tiles * tile);
         let fill = |i: usize, chunk: &mut [u16]| {
+            chunk.fill(0);
             for (g, t) in chunk.chunks_exact_mut(tile).enumerate() {
                 let g = i * TILES_PER_TASK + g;
                 fill_tile_fast(xs, tokens, in_dim, lay, g / k_tiles, g % k_tiles, t);

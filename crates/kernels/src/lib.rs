@@ -127,10 +127,16 @@ pub(crate) fn give_back_f32(v: Vec<f32>) {
     give_back(&SPARE_F32, v)
 }
 
-/// For the AMX tiles' BF16 activations (x86-64 only).
+/// For the AMX tiles' BF16 activations (x86-64 only): this thread's spare u16 buffer at `len`
+/// elements whose values are whatever they were (the caller overwrites every one, on the
+/// kernels' threads: zeroing a prompt's activation tiles here, serially, held the other cores
+/// waiting). Only growth past the spare's length is zeroed.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-pub(crate) fn take_zeroed_u16(len: usize) -> Vec<u16> {
-    take_zeroed(&SPARE_U16, len)
+pub(crate) fn take_u16(len: usize) -> Vec<u16> {
+    let mut v = SPARE_U16.take();
+    v.truncate(len);
+    v.resize(len, 0);
+    v
 }
 
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]

@@ -127,15 +127,16 @@ impl Model for Decoder {
         let vocab = self.embed.out_dim;
         let n_tokens: usize = batch.iter().map(|s| s.tokens.len()).sum();
 
-        let mut x = Vec::with_capacity(n_tokens * d); // (T, D)
-        for seq in batch.iter() {
-            for &id in seq.tokens {
-                if id as usize >= vocab {
-                    return Err(ModelError::TokenOutOfRange { id, vocab });
-                }
-                x.extend(self.embed.row_f32(id as usize));
-            }
+        let ids: Vec<usize> = batch
+            .iter()
+            .flat_map(|s| s.tokens.iter().map(|&id| id as usize))
+            .collect();
+        if let Some(&id) = ids.iter().find(|&&id| id >= vocab) {
+            return Err(ModelError::TokenOutOfRange { id: id as u32, vocab });
         }
+        // (T, D): a prompt's rows on the kernels' threads.
+        let mut x = vec![0f32; n_tokens * d];
+        strata_kernels::for_each_chunk(&mut x, d, |t, row| self.embed.decode_row(ids[t], row));
         if let Some(t) = trace.as_deref_mut() {
             t.hidden.push(("embed".into(), x.clone()));
         }

@@ -1,9 +1,35 @@
 //! Elementwise math in f32, computed the way the reference computes it.
 
+/// Elements per task of the row-wise helpers below: a prompt's rows on the kernels' threads (a
+/// serial pass over 512 tokens held every other core waiting), a lone token's on the caller's.
+const ELEMS_PER_TASK: usize = 1 << 14;
+
+/// Rows of `d` per task: at least one, about [`ELEMS_PER_TASK`] elements.
+fn task_len(d: usize) -> usize {
+    d.max(1) * (ELEMS_PER_TASK / d.max(1)).max(1)
+}
+
 /// RMSNorm of each row of `x` (rows of `w.len()`): `w * x / sqrt(mean(x^2) + eps)`.
 pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
     let d = w.len();
     debug_assert_eq!(x.len() % d, 0);
+    strata_kernels::for_each_chunk(x, task_len(d), |_, rows| rms_norm_rows(rows, w, eps));
+}
+
+/// Same as [`rms_norm`] into a new buffer.
+pub fn rms_normed(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
+    let mut y = vec![0f32; x.len()];
+    let len = task_len(w.len());
+    strata_kernels::for_each_chunk(&mut y, len, |i, rows| {
+        rows.copy_from_slice(&x[i * len..i * len + rows.len()]);
+        rms_norm_rows(rows, w, eps);
+    });
+    y
+}
+
+/// [`rms_norm`] of the rows of `x` on the calling thread.
+fn rms_norm_rows(x: &mut [f32], w: &[f32], eps: f32) {
+    let d = w.len();
     for row in x.chunks_exact_mut(d) {
         let ms = row.iter().map(|v| v * v).sum::<f32>() / d as f32;
         let inv = 1.0 / (ms + eps).sqrt();
@@ -11,13 +37,6 @@ pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
             *v = g * (*v * inv);
         }
     }
-}
-
-/// Same as [`rms_norm`] into a new buffer.
-pub fn rms_normed(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
-    let mut y = x.to_vec();
-    rms_norm(&mut y, w, eps);
-    y
 }
 
 pub fn softmax(x: &mut [f32]) {
@@ -67,10 +86,14 @@ pub fn glu(gate: &mut [f32], up: &[f32], act: Activation) {
     }
 }
 
+/// `acc += x`, elementwise (a prompt's in parts on the kernels' threads).
 pub fn add_into(acc: &mut [f32], x: &[f32]) {
-    for (a, v) in acc.iter_mut().zip(x) {
-        *a += v;
-    }
+    strata_kernels::for_each_chunk(acc, ELEMS_PER_TASK, |i, part| {
+        let from = i * ELEMS_PER_TASK;
+        for (a, v) in part.iter_mut().zip(&x[from.min(x.len())..]) {
+            *a += v;
+        }
+    });
 }
 
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
