@@ -6,7 +6,8 @@
 //! each 16 weights are loaded and widened once and multiplied into every token's four sums of 4
 //! lanes (sum k over inputs 16j + 4k..16j + 4k + 4), so every token's sum runs in the same
 //! order whatever N is (batch invariance); then 4-wide steps into sum 0, the sums added in a
-//! fixed order, the scalar tail. Widening is exact: BF16 and F16 by bit moves (F16 through the
+//! fixed order, the scalar tail. A one-token product runs two rows per pass (each row's steps
+//! those of the one-row kernel: the same bits), eight sums in flight instead of four. Widening is exact: BF16 and F16 by bit moves (F16 through the
 //! exponent shift that also makes its subnormals exact), INT8 by integer widening.
 
 use std::arch::aarch64::*;
@@ -130,7 +131,48 @@ fn widen_i8(v: i8) -> f32 {
 }
 
 macro_rules! kernel {
-    ($rows:ident, $tokens:ident, $entry:ident, $elem:ty, $load16:ident, $load4:ident, $widen:expr) => {
+    ($rows:ident, $two:ident, $tokens:ident, $entry:ident, $elem:ty, $load16:ident, $load4:ident, $widen:expr) => {
+        /// One token against two rows `w[..n]` and `w[n..2n]` side by side: each row's steps and
+        /// finish are those of the one-row kernel with one token (the same bits), but the two
+        /// rows' eight sums advance together (twice the independent additions in flight) and
+        /// each activation vector is loaded once for both.
+        #[inline]
+        unsafe fn $two(w: &[$elem], scales: [f32; 2], x: &[f32]) -> [f32; 2] {
+            let n = x.len();
+            assert_eq!(w.len(), 2 * n);
+            let (r0, r1) = w.split_at(n);
+            let (mut a, mut b) = ([vdupq_n_f32(0.0); 4], [vdupq_n_f32(0.0); 4]);
+            let mut i = 0;
+            while i + 16 <= n {
+                let (wa, wb) = ($load16(r0.as_ptr().add(i)), $load16(r1.as_ptr().add(i)));
+                let xp = x.as_ptr().add(i);
+                for k in 0..4 {
+                    let xv = vld1q_f32(xp.add(4 * k));
+                    a[k] = vfmaq_f32(a[k], wa[k], xv);
+                    b[k] = vfmaq_f32(b[k], wb[k], xv);
+                }
+                i += 16;
+            }
+            while i + 4 <= n {
+                let xv = vld1q_f32(x.as_ptr().add(i));
+                a[0] = vfmaq_f32(a[0], $load4(r0.as_ptr().add(i)), xv);
+                b[0] = vfmaq_f32(b[0], $load4(r1.as_ptr().add(i)), xv);
+                i += 4;
+            }
+            let mut out = [0f32; 2];
+            for (k, (acc, row)) in [(a, r0), (b, r1)].into_iter().enumerate() {
+                let mut sum = hsum4(vaddq_f32(
+                    vaddq_f32(acc[0], acc[1]),
+                    vaddq_f32(acc[2], acc[3]),
+                ));
+                for j in i..n {
+                    sum += $widen(row[j]) * x[j];
+                }
+                out[k] = sum * scales[k];
+            }
+            out
+        }
+
         /// `out[t] = scale * (row . xs[t])`, each token's sum in the one-token order.
         #[inline]
         unsafe fn $rows<const N: usize>(w: &[$elem], scale: f32, xs: [&[f32]; N]) -> [f32; N] {
@@ -184,6 +226,24 @@ macro_rules! kernel {
             let tokens = xs.len();
             let rows = w.len() / in_dim.max(1);
             assert_eq!(out.len(), rows * tokens);
+            if tokens == 1 {
+                // Two rows per pass; an odd last row alone (the same bits).
+                let scale = |r: usize| scales.map_or(1.0, |s| s[r]);
+                let mut r = 0;
+                while r + 2 <= rows {
+                    let y = $two(
+                        &w[r * in_dim..(r + 2) * in_dim],
+                        [scale(r), scale(r + 1)],
+                        xs[0],
+                    );
+                    out[r..r + 2].copy_from_slice(&y);
+                    r += 2;
+                }
+                if r < rows {
+                    out[r] = $rows::<1>(&w[r * in_dim..(r + 1) * in_dim], scale(r), [xs[0]])[0];
+                }
+                return;
+            }
             for r in 0..rows {
                 let row = &w[r * in_dim..(r + 1) * in_dim];
                 let s = scales.map_or(1.0, |s| s[r]);
@@ -212,6 +272,7 @@ macro_rules! kernel {
 
 kernel!(
     rows_f32,
+    two_f32,
     tokens_f32,
     dot_f32_scaled,
     f32,
@@ -221,6 +282,7 @@ kernel!(
 );
 kernel!(
     rows_bf16,
+    two_bf16,
     tokens_bf16,
     dot_bf16_scaled,
     u16,
@@ -230,6 +292,7 @@ kernel!(
 );
 kernel!(
     rows_f16,
+    two_f16,
     tokens_f16,
     dot_f16_scaled,
     u16,
@@ -239,6 +302,7 @@ kernel!(
 );
 kernel!(
     rows_i8,
+    two_i8,
     tokens_i8,
     dot_int8_entry,
     i8,
