@@ -36,8 +36,8 @@ pub const ROWS: usize = 16;
 const COLS: usize = 16;
 
 /// Columns per token: the parts each f32 activation is split into, 3 (exact; five tokens per
-/// tile; any value of `STRATA_AMX_PARTS` but 2) unless `STRATA_AMX_PARTS=2` asks for two (rounded, error at most 2^-17 |x|; eight
-/// tokens per tile).
+/// tile) unless `STRATA_AMX_PARTS=2` asks for two (rounded, error at most 2^-17 |x|; eight
+/// tokens per tile); any other value keeps 3.
 pub fn parts() -> usize {
     static PARTS: OnceLock<usize> = OnceLock::new();
     *PARTS.get_or_init(|| match std::env::var("STRATA_AMX_PARTS").as_deref() {
@@ -470,9 +470,9 @@ struct Sums([[f32; 16]; ROWS]);
 
 /// `out(r, t) = row r . token t` for rows `r0..r0 + rows` of `w` (`in_dim` wide) and the tokens
 /// of column blocks `blocks` of `act`, written through `put(r, t, value)` (r counted from
-/// `r0`). Passes of 32 rows x two column blocks (10 tokens, 16 with two parts): each weight tile feeds two tile
-/// products, each activation tile two; the rows' weights come from memory on the first pass and
-/// from the core's cache on the next ones.
+/// `r0`). Passes of 32 rows x two column blocks (10 tokens, 16 with two parts): each weight
+/// tile feeds two tile products, each activation tile two; the rows' weights come from memory on
+/// the first pass and from the core's cache on the next ones.
 ///
 /// # Safety
 /// [`enabled`] must be true.

@@ -141,9 +141,9 @@ macro_rules! kernel {
         }
 
         /// One token against two rows `w[..n]` and `w[n..2n]` side by side: each row's steps,
-        /// finish and scale are those of the one-row kernel with one token (the same bits), but the two
-        /// rows' four sums advance together (twice the independent additions in flight) and each
-        /// activation vector is loaded once for both rows.
+        /// finish and scale are those of the one-row kernel with one token (the same bits), but
+        /// the two rows' four sums advance together (twice the independent additions in flight)
+        /// and each activation vector is loaded once for both rows.
         #[target_feature(enable = "avx512f,avx2,fma,f16c")]
         unsafe fn $pair(w: &[$elem], scales: [f32; 2], x: &[f32]) -> [f32; 2] {
             let n = x.len();
@@ -236,18 +236,18 @@ macro_rules! kernel {
             let rows = w.len() / in_dim.max(1);
             assert_eq!(out.len(), rows * tokens);
             if tokens == 1 {
-                let (x, mut r) = (xs[0], 0);
-                while r + 2 <= rows {
-                    let s = scales.map_or([1.0; 2], |s| [s[r], s[r + 1]]);
-                    let y = $pair(&w[r * in_dim..(r + 2) * in_dim], s, x);
-                    out[r..r + 2].copy_from_slice(&y);
-                    r += 2;
-                }
-                if r < rows {
-                    let s = scales.map_or(1.0, |s| s[r]);
-                    out[r] = $rows::<1>(&w[r * in_dim..(r + 1) * in_dim], s, [x])[0];
-                }
-                return;
+                let (x, scale) = (xs[0], |r: usize| scales.map_or(1.0, |s| s[r]));
+                return crate::row_pairs(
+                    out,
+                    |r| {
+                        $pair(
+                            &w[r * in_dim..(r + 2) * in_dim],
+                            [scale(r), scale(r + 1)],
+                            x,
+                        )
+                    },
+                    |r| $rows::<1>(&w[r * in_dim..(r + 1) * in_dim], scale(r), [x])[0],
+                );
             }
             let mut t = 0;
             while t < tokens {

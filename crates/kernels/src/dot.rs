@@ -550,7 +550,7 @@ pub mod x86 {
     /// [`ROW_BLOCK`] rows advancing [`SLICE`] inputs at a time so the slice of the tokens'
     /// activations stays in the nearest cache.
     macro_rules! dense_tokens {
-        ($name:ident, $group:ident, $elem:ty, $features:literal, $steps:ident, $finish:ident, $two:ident, $pair:literal) => {
+        ($name:ident, $group:ident, $elem:ty, $features:literal, $steps:ident, $finish:ident, $one:ident, $two:ident, $pair:literal) => {
             #[allow(clippy::too_many_arguments)]
             #[inline]
             #[target_feature(enable = $features)]
@@ -601,17 +601,12 @@ pub mod x86 {
                 let rows = w.len() / in_dim.max(1);
                 assert_eq!(out.len(), rows * tokens);
                 if tokens == 1 {
-                    // Two rows per pass; an odd last row alone (the same bits).
-                    let mut r = 0;
-                    while r + 2 <= rows {
-                        let y = $two(&w[r * in_dim..(r + 2) * in_dim], xs[0]);
-                        out[r..r + 2].copy_from_slice(&y);
-                        r += 2;
-                    }
-                    if r < rows {
-                        $group::<1>(w, in_dim, [xs[0]], r, 1, out, 1, 0);
-                    }
-                    return;
+                    let x = xs[0];
+                    return crate::row_pairs(
+                        out,
+                        |r| $two(&w[r * in_dim..(r + 2) * in_dim], x),
+                        |r| $one::<1>(&w[r * in_dim..(r + 1) * in_dim], [x])[0],
+                    );
                 }
                 let mut t = 0;
                 while t < tokens {
@@ -634,7 +629,7 @@ pub mod x86 {
         };
     }
 
-    dense_tokens!(tokens_f32, group_f32, f32, "avx2,fma", steps_f32, finish_f32, two_f32, true);
+    dense_tokens!(tokens_f32, group_f32, f32, "avx2,fma", steps_f32, finish_f32, rows_f32_n, two_f32, true);
     dense_tokens!(
         tokens_bf16,
         group_bf16,
@@ -642,6 +637,7 @@ pub mod x86 {
         "avx2,fma",
         steps_bf16,
         finish_bf16,
+        rows_bf16_n,
         two_bf16,
         true
     );
@@ -652,6 +648,7 @@ pub mod x86 {
         "avx2,fma,f16c",
         steps_f16,
         finish_f16,
+        rows_f16_n,
         two_f16,
         false
     );

@@ -158,20 +158,12 @@ pub mod x86 {
     ) {
         let tokens = xs.len();
         if tokens == 1 {
-            let mut r = 0;
-            while r + 2 <= scales.len() {
-                let y = rows_int8_two(
-                    &w[r * in_dim..(r + 2) * in_dim],
-                    [scales[r], scales[r + 1]],
-                    xs[0],
-                );
-                out[r..r + 2].copy_from_slice(&y);
-                r += 2;
-            }
-            if r < scales.len() {
-                out[r] = rows_int8_n::<1>(&w[r * in_dim..(r + 1) * in_dim], scales[r], [xs[0]])[0];
-            }
-            return;
+            let x = xs[0];
+            return crate::row_pairs(
+                out,
+                |r| rows_int8_two(&w[r * in_dim..(r + 2) * in_dim], [scales[r], scales[r + 1]], x),
+                |r| rows_int8_n::<1>(&w[r * in_dim..(r + 1) * in_dim], scales[r], [x])[0],
+            );
         }
         let mut t = 0;
         while t < tokens {

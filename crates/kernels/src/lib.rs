@@ -40,6 +40,26 @@ mod weight_data;
 pub use linear::{u16_vec_from_bytes, weight_bytes_touched, Linear, Prepared, WeightData};
 pub use storage::{Owner, Pod, Storage};
 
+/// A one-token product's rows two at a time: `out[r..r + 2] = two(r)` for each pair, and
+/// `out[r] = one(r)` for an odd last row (the kernels' two-row passes, whose rows get the bits of
+/// their one-row kernel either way).
+#[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(dead_code))]
+pub(crate) fn row_pairs(
+    out: &mut [f32],
+    mut two: impl FnMut(usize) -> [f32; 2],
+    one: impl FnOnce(usize) -> f32,
+) {
+    let rows = out.len();
+    let mut r = 0;
+    while r + 2 <= rows {
+        out[r..r + 2].copy_from_slice(&two(r));
+        r += 2;
+    }
+    if r < rows {
+        out[r] = one(r);
+    }
+}
+
 /// Number of threads the kernels may use (rayon's global pool, sized by [`init_threads`]).
 pub fn threads() -> usize {
     rayon::current_num_threads()

@@ -251,8 +251,8 @@ impl Linear {
     }
 
     /// `out[i] = row_dot_prepared(rows.start + i, x, p)`. The dense formats and INT8 take their
-    /// rows-and-tokens kernels with one token (on AVX-512: two rows per pass, each row's bits
-    /// those of the one-row kernel); the others go row after row.
+    /// rows-and-tokens kernels with one token (with SIMD: two rows per pass, each row's bits those
+    /// of the one-row kernel); the others go row after row.
     pub fn rows_dot_prepared(&self, rows: std::ops::Range<usize>, x: &[f32], p: &Prepared, out: &mut [f32]) {
         assert_eq!(out.len(), rows.len());
         assert!(rows.end <= self.out_dim && x.len() == self.in_dim);

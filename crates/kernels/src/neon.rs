@@ -7,8 +7,9 @@
 //! lanes (sum k over inputs 16j + 4k..16j + 4k + 4), so every token's sum runs in the same
 //! order whatever N is (batch invariance); then 4-wide steps into sum 0, the sums added in a
 //! fixed order, the scalar tail. A one-token product runs two rows per pass (each row's steps
-//! those of the one-row kernel: the same bits), eight sums in flight instead of four. Widening is exact: BF16 and F16 by bit moves (F16 through the
-//! exponent shift that also makes its subnormals exact), INT8 by integer widening.
+//! those of the one-row kernel: the same bits), eight sums in flight instead of four. Widening
+//! is exact: BF16 and F16 by bit moves (F16 through the exponent shift that also makes its
+//! subnormals exact), INT8 by integer widening.
 
 use std::arch::aarch64::*;
 
@@ -227,22 +228,18 @@ macro_rules! kernel {
             let rows = w.len() / in_dim.max(1);
             assert_eq!(out.len(), rows * tokens);
             if tokens == 1 {
-                // Two rows per pass; an odd last row alone (the same bits).
-                let scale = |r: usize| scales.map_or(1.0, |s| s[r]);
-                let mut r = 0;
-                while r + 2 <= rows {
-                    let y = $two(
-                        &w[r * in_dim..(r + 2) * in_dim],
-                        [scale(r), scale(r + 1)],
-                        xs[0],
-                    );
-                    out[r..r + 2].copy_from_slice(&y);
-                    r += 2;
-                }
-                if r < rows {
-                    out[r] = $rows::<1>(&w[r * in_dim..(r + 1) * in_dim], scale(r), [xs[0]])[0];
-                }
-                return;
+                let (x, scale) = (xs[0], |r: usize| scales.map_or(1.0, |s| s[r]));
+                return crate::row_pairs(
+                    out,
+                    |r| {
+                        $two(
+                            &w[r * in_dim..(r + 2) * in_dim],
+                            [scale(r), scale(r + 1)],
+                            x,
+                        )
+                    },
+                    |r| $rows::<1>(&w[r * in_dim..(r + 1) * in_dim], scale(r), [x])[0],
+                );
             }
             for r in 0..rows {
                 let row = &w[r * in_dim..(r + 1) * in_dim];
