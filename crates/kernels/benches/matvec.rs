@@ -14,6 +14,9 @@
 //! rate over the memory's. A format whose compute bound is near the memory's cannot hide the
 //! memory's stalls and swings behind decoding, however well it prefetches.
 //!
+//! `STRATA_BENCH_SKEW=8`: BF16 weights 8 bytes past a 64-byte line (default 0), as a checkpoint's
+//! tensors may lie.
+//!
 //! `-- --hot`: "GB/s" is one thread's compute bound instead of the product from memory.
 //!
 //! `-- --tokens N`: prompt-style products instead: each shape's `matmul` of N tokens, each
@@ -23,7 +26,27 @@
 use std::time::Instant;
 
 use strata_kernels::membw::stream_pass;
-use strata_kernels::{ggml, Linear, WeightData};
+use strata_kernels::{ggml, Linear, Owner, Pod, Storage, WeightData};
+
+/// `v` in a buffer of its own from a 64-byte boundary, or `STRATA_BENCH_SKEW` bytes past one (a
+/// checkpoint's tensors may lie 8 bytes past one): a vector's own allocation starts 16 bytes past
+/// one, and a tile or vector load that straddles cache lines would make the figures the
+/// allocator's.
+fn aligned<T: Pod>(v: Vec<T>) -> Storage<T> {
+    let skew: usize = std::env::var("STRATA_BENCH_SKEW")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let bytes = std::mem::size_of_val(v.as_slice());
+    let mut buf = vec![0u8; bytes + 128];
+    let at = buf.as_ptr().align_offset(64) + skew % 64;
+    // SAFETY: T is plain data; `bytes` bytes of it are copied into a buffer that has room.
+    unsafe { std::ptr::copy_nonoverlapping(v.as_ptr() as *const u8, buf[at..].as_mut_ptr(), bytes) };
+    let owner: Owner = std::sync::Arc::new(buf);
+    let view = owner.downcast_ref::<Vec<u8>>().expect("the buffer")[at..at + bytes].as_ptr();
+    // SAFETY: the view lies in the owner's buffer, which nobody changes while it lives.
+    unsafe { Storage::borrow(&owner, std::slice::from_raw_parts(view, bytes)) }.expect("aligned")
+}
 
 struct Rand(u64);
 impl Rand {
@@ -53,11 +76,11 @@ fn budget_bytes() -> usize {
 fn make(format: &str, out: usize, inp: usize, rng: &mut Rand) -> Linear {
     let n = out * inp;
     let data = match format {
-        "BF16" => WeightData::Bf16(
+        "BF16" => WeightData::Bf16(aligned(
             (0..n)
                 .map(|_| half::bf16::from_f32(rng.f32()).to_bits())
                 .collect(),
-        ),
+        )),
         "FP8" => WeightData::Fp8 {
             w: (0..n).map(|_| (rng.next() as u8) & 0x7e).collect(),
             scales: (0..out.div_ceil(128) * inp.div_ceil(128))
@@ -268,6 +291,9 @@ fn main() {
         ("DeepSeek-V3 o_proj", 7168, 16384),
         ("Kimi K3 expert w1/w3 (latent 3584)", 3072, 3584),
         ("Kimi K3 expert w2 (latent 3584)", 3584, 3072),
+        ("Qwen3-30B-A3B expert gate/up", 768, 2048),
+        ("Qwen3-30B-A3B expert down", 2048, 768),
+        ("Qwen3-30B-A3B q_proj", 4096, 2048),
     ];
     if let Some(n) = tokens {
         return prompt_products(filter.as_deref(), n, shapes);

@@ -21,12 +21,16 @@
 //! Layout: a token's three (two) parts are three (two) columns of an activation tile (five
 //! (eight) tokens per tile, laid out once per product by [`AmxAct`]), so one tile product gives
 //! 16 rows x 5 (8) tokens of all their sums. A pass keeps 2 x 2 tiles of sums (32 rows x 10 (16)
-//! tokens), loads two tiles of
-//! weights (16 rows of 64 bytes each, straight from the matrix with its row pitch as the stride)
-//! and two of activations per 32 inputs, and runs four tile products on them.
+//! tokens), loads two tiles of weights (16 rows of 64 bytes each, straight from the matrix with
+//! its row pitch as the stride, or from a copy on whole cache lines where the matrix's rows are
+//! not) and two of activations per 32 inputs, and runs four tile products on them. Prompt-sized
+//! tasks take the inputs in chunks so that their activations stay in the core's caches
+//! ([`rows`]).
 
-use std::arch::asm;
 use std::sync::OnceLock;
+
+mod tiles;
+pub use tiles::{product, rows};
 
 /// Inputs per tile step (16 pairs of BF16 per 64-byte tile row).
 pub const K_TILE: usize = 32;
@@ -140,9 +144,12 @@ struct Layout {
 }
 
 impl Layout {
-    /// u16s per tile row (two inputs of every part of every token).
+    /// u16s per tile row: 64 bytes whatever the tokens and parts (two inputs of every part of
+    /// every token, 60 of the 64 bytes with three parts, the rest zero), so every tile row is one
+    /// whole cache line: a tile load whose rows straddle two lines measured 6x slower (43 cycles
+    /// against 6.6 on the development VM's Xeon).
     fn row_len(self) -> usize {
-        2 * self.parts * self.cols
+        2 * COLS
     }
 }
 
@@ -156,7 +163,9 @@ pub struct AmxAct {
     k_tiles: usize,
     cols: usize,
     parts: usize,
+    /// The tiles from `data[start]`, its first 64-byte boundary.
     data: Vec<u16>,
+    start: usize,
 }
 
 impl AmxAct {
@@ -174,7 +183,10 @@ impl AmxAct {
         let cols = tokens.clamp(1, tokens_per_block(parts));
         let lay = Layout { parts, cols };
         let tile = ROWS * lay.row_len();
-        let mut data = crate::take_u16(tokens.div_ceil(cols) * k_tiles * tile);
+        let len = tokens.div_ceil(cols) * k_tiles * tile;
+        let mut data = crate::take_u16(len + 32);
+        let start = data.as_ptr().align_offset(64);
+        assert!(start < 32, "a u16 buffer's first 64-byte boundary");
         let fill = |i: usize, chunk: &mut [u16]| {
             chunk.fill(0);
             for (g, t) in chunk.chunks_exact_mut(tile).enumerate() {
@@ -183,11 +195,12 @@ impl AmxAct {
             }
         };
         if tokens * in_dim < 1 << 14 {
-            data.chunks_mut(TILES_PER_TASK * tile)
+            data[start..start + len]
+                .chunks_mut(TILES_PER_TASK * tile)
                 .enumerate()
                 .for_each(|(i, c)| fill(i, c));
         } else {
-            crate::for_each_chunk(&mut data, TILES_PER_TASK * tile, fill);
+            crate::for_each_chunk(&mut data[start..start + len], TILES_PER_TASK * tile, fill);
         }
         AmxAct {
             tokens,
@@ -196,6 +209,7 @@ impl AmxAct {
             cols,
             parts,
             data,
+            start,
         }
     }
 
@@ -234,7 +248,7 @@ impl AmxAct {
     /// Block `b`'s tile at input tile `kt`, and the tiles' row stride in bytes.
     fn tile(&self, b: usize, kt: usize) -> (*const u8, usize) {
         let row_len = self.layout().row_len();
-        let p = self.data[(b * self.k_tiles + kt) * ROWS * row_len..].as_ptr() as *const u8;
+        let p = self.data[self.start + (b * self.k_tiles + kt) * ROWS * row_len..].as_ptr() as *const u8;
         (p, 2 * row_len)
     }
 }
@@ -346,297 +360,6 @@ fn fill_tile(xs: &[f32], tokens: usize, in_dim: usize, lay: Layout, b: usize, kt
                 t[at + 2 * q] = part;
             }
         }
-    }
-}
-
-/// The tile configuration (palette 1) for a pass of `m` = (m0, m1) rows and `n` = (n0, n1)
-/// tokens (a 0 leaves that tile out): tiles 0-3 the sums of (rows 0, tokens 0), (rows 1,
-/// tokens 0), (rows 0, tokens 1), (rows 1, tokens 1); 4 and 5 the two row blocks' weights for
-/// 32 inputs; 6 and 7 the two token blocks' activation parts for the same inputs.
-#[repr(C, align(64))]
-struct TileConfig {
-    palette: u8,
-    start_row: u8,
-    reserved: [u8; 14],
-    colsb: [u16; 16],
-    rows: [u8; 16],
-    reserved2: [u8; 16],
-}
-
-impl TileConfig {
-    fn new(m: (usize, usize), n: (usize, usize), parts: usize) -> TileConfig {
-        let most = tokens_per_block(parts);
-        assert!(m.0 > 0 && m.0 <= ROWS && m.1 <= ROWS && n.0 > 0 && n.0 <= most && n.1 <= most);
-        let mut c = TileConfig {
-            palette: 1,
-            start_row: 0,
-            reserved: [0; 14],
-            colsb: [0; 16],
-            rows: [0; 16],
-            reserved2: [0; 16],
-        };
-        let cols = |n: usize| (4 * parts * n) as u16;
-        let mut set = |tile: usize, rows: usize, colsb: u16| {
-            if rows > 0 && colsb > 0 {
-                c.rows[tile] = rows as u8;
-                c.colsb[tile] = colsb;
-            }
-        };
-        set(0, m.0, cols(n.0));
-        set(1, m.1, cols(n.0));
-        set(2, m.0, cols(n.1));
-        set(3, m.1, cols(n.1));
-        set(4, m.0, 64);
-        set(5, m.1, 64);
-        set(6, ROWS, cols(n.0));
-        set(7, ROWS, cols(n.1));
-        c
-    }
-}
-
-/// Where a block's weights for one input tile come from: straight from the matrix (its row
-/// pitch as the stride) or, past the last whole 32 inputs, from a zero-padded copy.
-struct WeightTiles<'a> {
-    w: &'a [u16],
-    in_dim: usize,
-    r0: usize,
-    rows: usize,
-    pad: [u16; ROWS * K_TILE],
-}
-
-impl<'a> WeightTiles<'a> {
-    fn new(w: &'a [u16], in_dim: usize, r0: usize, rows: usize) -> WeightTiles<'a> {
-        WeightTiles {
-            w,
-            in_dim,
-            r0,
-            rows,
-            pad: [0; ROWS * K_TILE],
-        }
-    }
-
-    /// Asks for input tile `kt` of every row of the block; past the last tile, for tile
-    /// `kt - k_tiles` of the rows a pass further on (`ROWS_PER_PASS` rows down: the next pass's
-    /// block), so the next pass's first tiles are on their way too. A hint: it never faults,
-    /// also past the matrix.
-    fn prefetch(&self, kt: usize) {
-        let k_tiles = self.in_dim.div_ceil(K_TILE);
-        let (kt, r0) = if kt < k_tiles {
-            (kt, self.r0)
-        } else {
-            (kt - k_tiles, self.r0 + ROWS_PER_PASS)
-        };
-        let k0 = kt * K_TILE;
-        if k0 >= self.in_dim {
-            return;
-        }
-        let first = self.w.as_ptr().wrapping_add(r0 * self.in_dim + k0) as *const i8;
-        for r in 0..self.rows {
-            let p = first.wrapping_add(2 * r * self.in_dim);
-            // SAFETY: a prefetch is a hint that never faults, whatever the address.
-            unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p) };
-        }
-    }
-
-    /// (pointer, stride in bytes) of input tile `kt`.
-    fn tile(&mut self, kt: usize) -> (*const u8, usize) {
-        let k0 = kt * K_TILE;
-        if self.rows == 0 || k0 + K_TILE <= self.in_dim {
-            let p = self.w[(self.r0 * self.in_dim + k0).min(self.w.len())..].as_ptr() as *const u8;
-            return (p, self.in_dim * 2);
-        }
-        self.pad = [0; ROWS * K_TILE];
-        let width = self.in_dim - k0;
-        for r in 0..self.rows {
-            let src = (self.r0 + r) * self.in_dim + k0;
-            self.pad[r * K_TILE..r * K_TILE + width].copy_from_slice(&self.w[src..src + width]);
-        }
-        (self.pad.as_ptr() as *const u8, K_TILE * 2)
-    }
-}
-
-/// How many input tiles ahead a block's weight rows are prefetched (512 bytes of each row: the
-/// tile loads of a block touch 16 rows 64 bytes at a time, which the hardware prefetchers do
-/// not follow as far as a sequential read; 8 measured better than 16, 32 and 64 for one token
-/// on the H200 machine's Xeon).
-const PREFETCH_TILES: usize = 8;
-
-/// Rows a pass covers (two blocks of [`ROWS`]).
-const ROWS_PER_PASS: usize = 2 * ROWS;
-
-/// One tile of sums as stored (16 rows of 16 f32).
-#[repr(C, align(64))]
-struct Sums([[f32; 16]; ROWS]);
-
-/// `out(r, t) = row r . token t` for rows `r0..r0 + rows` of `w` (`in_dim` wide) and the tokens
-/// of column blocks `blocks` of `act`, written through `put(r, t, value)` (r counted from
-/// `r0`). Passes of 32 rows x two column blocks (10 tokens, 16 with two parts): each weight
-/// tile feeds two tile products, each activation tile two; the rows' weights come from memory on
-/// the first pass and from the core's cache on the next ones.
-///
-/// # Safety
-/// [`enabled`] must be true.
-pub unsafe fn rows(
-    w: &[u16],
-    in_dim: usize,
-    r0: usize,
-    rows: usize,
-    act: &AmxAct,
-    blocks: std::ops::Range<usize>,
-    mut put: impl FnMut(usize, usize, f32),
-) {
-    assert!(in_dim > 0 && act.in_dim == in_dim && w.len().is_multiple_of(in_dim));
-    assert!(r0 + rows <= w.len() / in_dim && blocks.end <= act.blocks());
-    let mut sums = [
-        Sums([[0.0; 16]; ROWS]),
-        Sums([[0.0; 16]; ROWS]),
-        Sums([[0.0; 16]; ROWS]),
-        Sums([[0.0; 16]; ROWS]),
-    ];
-    let mut configured = None;
-    let mut rp = 0;
-    while rp < rows {
-        let m0 = (rows - rp).min(ROWS);
-        let m1 = (rows - rp - m0).min(ROWS);
-        let mut a = [
-            WeightTiles::new(w, in_dim, r0 + rp, m0),
-            WeightTiles::new(w, in_dim, r0 + rp + m0, m1),
-        ];
-        let mut b = blocks.start;
-        while b < blocks.end {
-            let two = b + 1 < blocks.end;
-            let n = (act.tokens_in(b), if two { act.tokens_in(b + 1) } else { 0 });
-            if configured != Some(((m0, m1), n)) {
-                let cfg = TileConfig::new((m0, m1), n, act.parts);
-                asm!("ldtilecfg [{}]", in(reg) &cfg as *const TileConfig, options(nostack, readonly));
-                configured = Some(((m0, m1), n));
-            }
-            pass(&mut a, act, b, two, b == blocks.start, &mut sums);
-            let tiles = [(0, 0, 0), (1, m0, 0), (2, 0, 1), (3, m0, 1)];
-            for (s, dr, db) in tiles {
-                let (m, nt) = (if dr == 0 { m0 } else { m1 }, if db == 0 { n.0 } else { n.1 });
-                for i in 0..m {
-                    let row = &sums[s].0[i];
-                    for j in 0..nt {
-                        put(rp + dr + i, (b + db) * act.cols + j, act.sum(row, j));
-                    }
-                }
-            }
-            b += 2;
-        }
-        rp += m0 + m1;
-    }
-    asm!("tilerelease", options(nostack, nomem));
-}
-
-/// `out[(r - rows.start) * T + t] = row r . xs[t]` for the T tokens of `xs` (T x in_dim), the
-/// activations laid out for this call.
-///
-/// # Safety
-/// [`enabled`] must be true.
-pub unsafe fn product(
-    w: &[u16],
-    in_dim: usize,
-    rows: std::ops::Range<usize>,
-    xs: &[f32],
-    tokens: usize,
-    out: &mut [f32],
-) {
-    assert_eq!(out.len(), rows.len() * tokens);
-    let act = AmxAct::new(xs, tokens, in_dim);
-    let blocks = 0..act.blocks();
-    self::rows(w, in_dim, rows.start, rows.len(), &act, blocks, |r, j, v| {
-        out[r * tokens + j] = v
-    })
-}
-
-/// One pass over every input tile: the sums of up to 2 row blocks x 2 column blocks (`two`: a
-/// second column block), stored into `sums` (tile order as in [`TileConfig`]); `prefetch` on
-/// the first pass over these rows.
-#[inline]
-unsafe fn pass(
-    a: &mut [WeightTiles; 2],
-    act: &AmxAct,
-    b: usize,
-    two: bool,
-    prefetch: bool,
-    sums: &mut [Sums; 4],
-) {
-    let rows2 = a[1].rows > 0;
-    // Only configured tiles may be named.
-    asm!("tilezero tmm0", options(nostack, nomem));
-    if rows2 {
-        asm!("tilezero tmm1", options(nostack, nomem));
-    }
-    if two {
-        asm!("tilezero tmm2", options(nostack, nomem));
-    }
-    if rows2 && two {
-        asm!("tilezero tmm3", options(nostack, nomem));
-    }
-    for kt in 0..act.k_tiles {
-        if prefetch {
-            a[0].prefetch(kt + PREFETCH_TILES);
-            a[1].prefetch(kt + PREFETCH_TILES);
-        }
-        let (p0, sa0) = a[0].tile(kt);
-        let (p1, sa1) = a[1].tile(kt);
-        let (x0, sx) = act.tile(b, kt);
-        let x1 = if two { act.tile(b + 1, kt).0 } else { x0 };
-        match (rows2, two) {
-            (true, true) => asm!(
-                "tileloadd tmm4, [{p0} + {sa0}*1]",
-                "tileloadd tmm5, [{p1} + {sa1}*1]",
-                "tileloadd tmm6, [{x0} + {sx}*1]",
-                "tileloadd tmm7, [{x1} + {sx}*1]",
-                "tdpbf16ps tmm0, tmm4, tmm6",
-                "tdpbf16ps tmm1, tmm5, tmm6",
-                "tdpbf16ps tmm2, tmm4, tmm7",
-                "tdpbf16ps tmm3, tmm5, tmm7",
-                p0 = in(reg) p0, sa0 = in(reg) sa0, p1 = in(reg) p1, sa1 = in(reg) sa1,
-                x0 = in(reg) x0, x1 = in(reg) x1, sx = in(reg) sx,
-                options(nostack, readonly),
-            ),
-            (true, false) => asm!(
-                "tileloadd tmm4, [{p0} + {sa0}*1]",
-                "tileloadd tmm5, [{p1} + {sa1}*1]",
-                "tileloadd tmm6, [{x0} + {sx}*1]",
-                "tdpbf16ps tmm0, tmm4, tmm6",
-                "tdpbf16ps tmm1, tmm5, tmm6",
-                p0 = in(reg) p0, sa0 = in(reg) sa0, p1 = in(reg) p1, sa1 = in(reg) sa1,
-                x0 = in(reg) x0, sx = in(reg) sx,
-                options(nostack, readonly),
-            ),
-            (false, true) => asm!(
-                "tileloadd tmm4, [{p0} + {sa0}*1]",
-                "tileloadd tmm6, [{x0} + {sx}*1]",
-                "tileloadd tmm7, [{x1} + {sx}*1]",
-                "tdpbf16ps tmm0, tmm4, tmm6",
-                "tdpbf16ps tmm2, tmm4, tmm7",
-                p0 = in(reg) p0, sa0 = in(reg) sa0,
-                x0 = in(reg) x0, x1 = in(reg) x1, sx = in(reg) sx,
-                options(nostack, readonly),
-            ),
-            (false, false) => asm!(
-                "tileloadd tmm4, [{p0} + {sa0}*1]",
-                "tileloadd tmm6, [{x0} + {sx}*1]",
-                "tdpbf16ps tmm0, tmm4, tmm6",
-                p0 = in(reg) p0, sa0 = in(reg) sa0,
-                x0 = in(reg) x0, sx = in(reg) sx,
-                options(nostack, readonly),
-            ),
-        }
-    }
-    let [o0, o1, o2, o3] = [0, 1, 2, 3].map(|i| sums[i].0.as_mut_ptr() as *mut u8);
-    asm!("tilestored [{o} + {s}*1], tmm0", o = in(reg) o0, s = in(reg) 64usize, options(nostack));
-    if rows2 {
-        asm!("tilestored [{o} + {s}*1], tmm1", o = in(reg) o1, s = in(reg) 64usize, options(nostack));
-    }
-    if two {
-        asm!("tilestored [{o} + {s}*1], tmm2", o = in(reg) o2, s = in(reg) 64usize, options(nostack));
-    }
-    if rows2 && two {
-        asm!("tilestored [{o} + {s}*1], tmm3", o = in(reg) o3, s = in(reg) 64usize, options(nostack));
     }
 }
 

@@ -506,9 +506,9 @@ impl Linear {
         }
     }
 
-    /// [`Linear::matmul`] on AMX tiles: the activations laid out once, tasks of 32 (or 16) rows x
-    /// a range of token blocks (all of them unless that leaves threads idle) on the kernels'
-    /// threads, each writing its outputs in place.
+    /// [`Linear::matmul`] on AMX tiles: the activations laid out once, tasks of a block of rows x
+    /// a range of token blocks ([`amx_task`]) on the kernels' threads, each writing its outputs in
+    /// place.
     fn matmul_amx(&self, w: &[u16], xs: &[f32], n_tokens: usize, ys: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         {
@@ -516,23 +516,10 @@ impl Linear {
             let act = crate::amx::AmxAct::new(xs, n_tokens, n);
             let serial = out_dim * n * n_tokens < PARALLEL_MIN_WORK || crate::threads() == 1;
             let threads = if serial { 1 } else { crate::threads() };
-            // Passes of 32 rows, or of 16 where 32 would leave fewer than four tasks per thread
-            // (a small matrix's lone token).
-            let rows_per_task = if out_dim.div_ceil(2 * crate::amx::ROWS) >= 4 * threads {
-                2 * crate::amx::ROWS
-            } else {
-                crate::amx::ROWS
-            };
+            let (rows_per_task, per_task) = amx_task(out_dim, act.blocks(), threads);
             let row_tasks = out_dim.div_ceil(rows_per_task);
             let blocks = act.blocks();
-            // Token blocks go in pairs (one pass of the tiles); fewer pairs per task until every
-            // thread has two tasks.
-            let pairs = blocks.div_ceil(2);
-            let mut per = pairs;
-            while per > 1 && row_tasks * pairs.div_ceil(per) < 2 * threads {
-                per = per.div_ceil(2);
-            }
-            let (per_task, col_tasks) = (2 * per, pairs.div_ceil(per));
+            let col_tasks = blocks.div_ceil(per_task);
             let ys_at = OutPtr(ys.as_mut_ptr());
             let task = |i: usize| {
                 let (r0, c) = ((i % row_tasks) * rows_per_task, i / row_tasks);
@@ -639,6 +626,37 @@ impl Linear {
         self.decode_row(r, &mut out);
         out
     }
+}
+
+/// (rows, column blocks) per task of [`Linear::matmul_amx`] for `out_dim` rows, `blocks` blocks of
+/// tokens and `threads` threads.
+///
+/// One pair of blocks (a lone token, a few): passes of 32 rows, or of 16 where 32 would leave
+/// fewer than four tasks per thread (a small matrix's lone token). More: up to 256 rows x 32
+/// blocks (160 tokens, 256 with two parts), whose activations and sums for a chunk of inputs stay
+/// in the core's cache while the rows stream past (see [`crate::amx::rows`]); fewer rows until
+/// every thread has four tasks, then fewer blocks until it has two (splitting the tokens reads
+/// the weights once more per split).
+#[cfg(target_arch = "x86_64")]
+fn amx_task(out_dim: usize, blocks: usize, threads: usize) -> (usize, usize) {
+    const PASS: usize = 2 * crate::amx::ROWS;
+    if blocks <= 2 {
+        let rows = if out_dim.div_ceil(PASS) >= 4 * threads {
+            PASS
+        } else {
+            crate::amx::ROWS
+        };
+        return (rows, 2);
+    }
+    let (mut rows, mut per) = (8 * PASS, 32);
+    let tasks = |rows: usize, per: usize| out_dim.div_ceil(rows) * blocks.div_ceil(per);
+    while rows > crate::amx::ROWS && tasks(rows, per) < 4 * threads {
+        rows /= 2;
+    }
+    while per > 2 && tasks(rows, per) < 2 * threads {
+        per /= 2;
+    }
+    (rows, per)
 }
 
 /// `out[(r - rows.start) * T + t] = row r . xs[t]` on AMX tiles ([`crate::amx::product`]).
