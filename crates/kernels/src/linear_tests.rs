@@ -68,3 +68,57 @@ fn tiles_fit_the_cache_and_leave_every_thread_work() {
         assert!(count >= threads || t.tokens <= 8, "{out}x{inp}, {tokens}: {t:?}");
     }
 }
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn amx_tasks_cover_the_product_and_share_it_out() {
+    const PASS: usize = 2 * crate::amx::ROWS;
+    for (out, blocks, threads) in [
+        (768, 7, 16),
+        (768, 1, 16),
+        (2048, 103, 16),
+        (4096, 103, 2),
+        (576, 103, 16),
+        (16, 3, 1),
+        (151_936, 1, 16),
+    ] {
+        let (rows, per) = amx_task(out, blocks, threads);
+        let case = format!("{out} rows, {blocks} blocks, {threads} threads: {rows} x {per}");
+        assert!(
+            rows.is_multiple_of(crate::amx::ROWS) && rows <= 8 * PASS,
+            "{case}"
+        );
+        assert!(per.is_multiple_of(2) && per <= 32, "{case}");
+        // Every thread gets work unless the tasks are as small as they go.
+        let tasks = out.div_ceil(rows) * blocks.div_ceil(per);
+        assert!(
+            tasks >= 2 * threads || rows == crate::amx::ROWS || per == 2,
+            "{case}"
+        );
+    }
+}
+
+#[test]
+fn products_inside_the_kernels_tasks_keep_each_tokens_bits() {
+    let (out, inp, n_tokens) = (200, 300, 40);
+    let w: Vec<u16> = (0..out * inp)
+        .map(|i| half::bf16::from_f32(((i * 7919) % 1000) as f32 / 500.0 - 1.0).to_bits())
+        .collect();
+    let lin = Linear::new(out, inp, WeightData::Bf16(w.into()));
+    let xs: Vec<f32> = (0..n_tokens * inp)
+        .map(|i| ((i * 31) % 97) as f32 / 97.0 - 0.5)
+        .collect();
+    let mut alone = vec![0f32; n_tokens * out];
+    lin.matmul(&xs, n_tokens, &mut alone);
+    // Each product inside a task of the kernels' threads, as a batch's experts run.
+    let mut nested = vec![Vec::new(); 4];
+    crate::for_each_chunk(&mut nested, 1, |i, ys| {
+        let tokens = n_tokens - 3 * i;
+        let mut y = vec![f32::NAN; tokens * out];
+        lin.matmul(&xs[3 * i * inp..], tokens, &mut y);
+        ys[0] = y;
+    });
+    for (i, y) in nested.iter().enumerate() {
+        assert_eq!(y[..], alone[3 * i * out..], "the product from token {}", 3 * i);
+    }
+}
