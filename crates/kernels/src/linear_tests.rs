@@ -1,16 +1,26 @@
 //! Tests of `linear.rs`: batch invariance of the several-token products and their task split.
 use super::*;
 
-#[test]
-fn matmul_equals_per_token_matvec_bit_for_bit() {
-    let (out, inp) = (300, 700);
+/// An `out` x `inp` BF16 weight of fixed values in [-1, 1).
+fn bf16_linear(out: usize, inp: usize) -> Linear {
     let w: Vec<u16> = (0..out * inp)
         .map(|i| half::bf16::from_f32(((i * 7919) % 1000) as f32 / 500.0 - 1.0).to_bits())
         .collect();
-    let lin = Linear::new(out, inp, WeightData::Bf16(w.into()));
-    let xs: Vec<f32> = (0..3 * inp)
+    Linear::new(out, inp, WeightData::Bf16(w.into()))
+}
+
+/// `tokens` activations of `inp` fixed values in [-0.5, 0.5).
+fn activations(tokens: usize, inp: usize) -> Vec<f32> {
+    (0..tokens * inp)
         .map(|i| ((i * 31) % 97) as f32 / 97.0 - 0.5)
-        .collect();
+        .collect()
+}
+
+#[test]
+fn matmul_equals_per_token_matvec_bit_for_bit() {
+    let (out, inp) = (300, 700);
+    let lin = bf16_linear(out, inp);
+    let xs = activations(3, inp);
     let mut ys = vec![0f32; 3 * out];
     lin.matmul(&xs, 3, &mut ys);
     for t in 0..3 {
@@ -23,13 +33,8 @@ fn matmul_equals_per_token_matvec_bit_for_bit() {
 #[test]
 fn products_split_into_row_and_token_blocks_keep_each_tokens_bits() {
     let (out, inp, n_tokens) = (77, 300, 21);
-    let w: Vec<u16> = (0..out * inp)
-        .map(|i| half::bf16::from_f32(((i * 7919) % 1000) as f32 / 500.0 - 1.0).to_bits())
-        .collect();
-    let lin = Linear::new(out, inp, WeightData::Bf16(w.into()));
-    let xs: Vec<f32> = (0..n_tokens * inp)
-        .map(|i| ((i * 31) % 97) as f32 / 97.0 - 0.5)
-        .collect();
+    let lin = bf16_linear(out, inp);
+    let xs = activations(n_tokens, inp);
     let prepared: Vec<Prepared> = xs.chunks_exact(inp).map(|x| lin.prepare(x)).collect();
     let mut alone = vec![0f32; n_tokens * out];
     for t in 0..n_tokens {
@@ -101,13 +106,8 @@ fn amx_tasks_cover_the_product_and_share_it_out() {
 #[test]
 fn products_inside_the_kernels_tasks_keep_each_tokens_bits() {
     let (out, inp, n_tokens) = (200, 300, 40);
-    let w: Vec<u16> = (0..out * inp)
-        .map(|i| half::bf16::from_f32(((i * 7919) % 1000) as f32 / 500.0 - 1.0).to_bits())
-        .collect();
-    let lin = Linear::new(out, inp, WeightData::Bf16(w.into()));
-    let xs: Vec<f32> = (0..n_tokens * inp)
-        .map(|i| ((i * 31) % 97) as f32 / 97.0 - 0.5)
-        .collect();
+    let lin = bf16_linear(out, inp);
+    let xs = activations(n_tokens, inp);
     let mut alone = vec![0f32; n_tokens * out];
     lin.matmul(&xs, n_tokens, &mut alone);
     // Each product inside a task of the kernels' threads, as a batch's experts run.
