@@ -516,9 +516,9 @@ impl Linear {
             let act = crate::amx::AmxAct::new(xs, n_tokens, n);
             let serial = out_dim * n * n_tokens < PARALLEL_MIN_WORK || crate::threads() == 1;
             let threads = if serial { 1 } else { crate::threads() };
-            let (rows_per_task, per_task) = amx_task(out_dim, act.blocks(), threads);
-            let row_tasks = out_dim.div_ceil(rows_per_task);
             let blocks = act.blocks();
+            let (rows_per_task, per_task) = amx_task(out_dim, blocks, threads);
+            let row_tasks = out_dim.div_ceil(rows_per_task);
             let col_tasks = blocks.div_ceil(per_task);
             let ys_at = OutPtr(ys.as_mut_ptr());
             let task = |i: usize| {
