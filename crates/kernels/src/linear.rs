@@ -525,12 +525,18 @@ impl Linear {
                 let (r0, c) = ((i % row_tasks) * rows_per_task, i / row_tasks);
                 let rows = (out_dim - r0).min(rows_per_task);
                 let bs = c * per_task..((c + 1) * per_task).min(blocks);
-                // SAFETY: `amx_bf16` saw `amx::enabled()`. t < n_tokens and r0 + r < out_dim index
-                // inside `ys` (T x out_dim, checked by `matmul`); tasks own disjoint (row, token)
+                // SAFETY: `amx_bf16` saw `amx::enabled()`. t < n_tokens and rows r0 + r .. r0 + r +
+                // vs.len() <= out_dim index inside `ys` (T x out_dim, checked by `matmul`); `vs`
+                // is the kernel's own buffer; tasks own disjoint (row, token)
                 // blocks, so no two write one element, and `ys` outlives the tasks.
                 unsafe {
-                    crate::amx::rows(w, n, r0, rows, &act, bs, |r, t, v| {
-                        *ys_at.get().add(t * out_dim + r0 + r) = v
+                    crate::amx::rows(w, n, r0, rows, &act, bs, |r, t, vs| {
+                        let at = ys_at.get().add(t * out_dim + r0 + r);
+                        match <&[f32; crate::amx::ROWS]>::try_from(vs) {
+                            // A whole tile's rows: moved as one block, not through `memcpy`.
+                            Ok(whole) => (at as *mut [f32; crate::amx::ROWS]).write_unaligned(*whole),
+                            Err(_) => std::ptr::copy_nonoverlapping(vs.as_ptr(), at, vs.len()),
+                        }
                     })
                 }
             };

@@ -77,6 +77,7 @@ impl<'a> WeightTiles<'a> {
     /// computed, for the same place in the chunk of the rows a pass further on (`ROWS_PER_PASS`
     /// rows down: the next pass's block), so the next pass's first tiles are on their way too. A
     /// hint: it never faults, also past the matrix.
+    #[inline(always)]
     fn prefetch(&self, kt: usize, ks: &Range<usize>) {
         let (kt, r0) = if kt < ks.end {
             (kt, self.r0)
@@ -210,9 +211,48 @@ thread_local! {
     static SPARE_SUMS: std::cell::Cell<Vec<Sums>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
+/// Which of a pass's four tiles of sums are in use: a second column block (`two`), a second
+/// row block (`rows2`).
+#[derive(Clone, Copy)]
+struct Shape {
+    two: bool,
+    rows2: bool,
+}
+
+/// A pass whose sums over every input are stored in slot `at` (4 tiles), waiting to be read out:
+/// rows `rp..` (m.0 + m.1 of them), column blocks `b` and `b + 1` (n.0 and n.1 tokens).
+struct Finished {
+    at: usize,
+    rp: usize,
+    m: (usize, usize),
+    b: usize,
+    n: (usize, usize),
+}
+
+impl Finished {
+    /// The pass's sums through `put`, token by token, each token's rows of one tile at once.
+    fn put(&self, slot: &[Sums], act: &AmxAct, put: &mut impl FnMut(usize, usize, &[f32])) {
+        let (m0, m1) = self.m;
+        let tiles = [(0, 0, 0), (1, m0, 0), (2, 0, 1), (3, m0, 1)];
+        let mut col = [0f32; ROWS];
+        for (s, dr, db) in tiles {
+            let (m, nt) = (
+                if dr == 0 { m0 } else { m1 },
+                if db == 0 { self.n.0 } else { self.n.1 },
+            );
+            for j in 0..nt {
+                for (c, row) in col[..m].iter_mut().zip(&slot[s].0[..m]) {
+                    *c = act.sum(row, j);
+                }
+                put(self.rp + dr, (self.b + db) * act.cols + j, &col[..m]);
+            }
+        }
+    }
+}
+
 /// `out(r, t) = row r . token t` for rows `r0..r0 + rows` of `w` (`in_dim` wide) and the tokens
-/// of column blocks `blocks` of `act`, written through `put(r, t, value)` (r counted from
-/// `r0`). Passes of 32 rows x two column blocks (10 tokens, 16 with two parts): each weight
+/// of column blocks `blocks` of `act`, written through `put(r, t, values)`: token t's outputs of
+/// rows `r..r + values.len()` (r counted from `r0`). Passes of 32 rows x two column blocks (10 tokens, 16 with two parts): each weight
 /// tile feeds two tile products, each activation tile two.
 ///
 /// Each pass runs over every input tile, its rows' weights streaming from memory, prefetched
@@ -234,7 +274,7 @@ pub unsafe fn rows(
     rows: usize,
     act: &AmxAct,
     blocks: Range<usize>,
-    mut put: impl FnMut(usize, usize, f32),
+    mut put: impl FnMut(usize, usize, &[f32]),
 ) {
     assert!(in_dim > 0 && act.in_dim == in_dim && w.len().is_multiple_of(in_dim));
     assert!(r0 + rows <= w.len() / in_dim && blocks.end <= act.blocks());
@@ -244,18 +284,22 @@ pub unsafe fn rows(
     // Weight rows that start off 64-byte lines are staged once per chunk where several pairs
     // load them; inputs go in chunks where the pairs are many, or staged.
     let lines = (w.as_ptr() as usize).is_multiple_of(64) && (2 * in_dim).is_multiple_of(64);
-    let mut staged = (pairs > 1 && !lines).then(|| Box::new(Staged([[0; ROWS * K_TILE]; 2 * K_CHUNK])));
+    let mut staged = (pairs > 1 && (std::env::var_os("XSTAGE").is_some() || !lines))
+        .then(|| Box::new(Staged([[0; ROWS * K_TILE]; 2 * K_CHUNK])));
     let chunk = if staged.is_some() || pairs >= CHUNK_PAIRS {
         K_CHUNK.min(k_tiles)
     } else {
         k_tiles
     };
-    let slots = if chunk < k_tiles { passes * pairs } else { 1 };
+    // Unchunked, two slots in turn: one pass's sums are read out while the next one's tile
+    // products run.
+    let slots = if chunk < k_tiles { passes * pairs } else { 2 };
     let mut sums = SPARE_SUMS.take();
     if sums.len() < 4 * slots {
         sums.resize_with(4 * slots, || Sums([[0.0; 16]; ROWS]));
     }
     let mut configured = None;
+    let mut pending: Option<Finished> = None;
     for k0 in (0..k_tiles).step_by(chunk) {
         let ks = k0..(k0 + chunk).min(k_tiles);
         for p in 0..passes {
@@ -273,12 +317,15 @@ pub unsafe fn rows(
                 let b = blocks.start + 2 * q;
                 let two = b + 1 < blocks.end;
                 let n = (act.tokens_in(b), if two { act.tokens_in(b + 1) } else { 0 });
-                if configured != Some(((m0, m1), n)) {
-                    let cfg = TileConfig::new((m0, m1), n, act.parts);
+                // Every block's tiles as wide as a whole block's (a short block's other columns
+                // are zero), so that only a change of rows reconfigures: `ldtilecfg` waits for
+                // every tile product in flight.
+                if configured != Some((m0, m1)) {
+                    let cfg = TileConfig::new((m0, m1), (act.cols, act.cols), act.parts);
                     asm!("ldtilecfg [{}]", in(reg) &cfg as *const TileConfig, options(nostack, readonly));
-                    configured = Some(((m0, m1), n));
+                    configured = Some((m0, m1));
                 }
-                let slot = &mut sums[4 * ((p * pairs + q) % slots)..][..4];
+                let at = 4 * ((p * pairs + q) % slots);
                 let mut from = match staged.as_deref() {
                     Some(staged) => Weights::Staged(staged),
                     None => Weights::Direct {
@@ -286,22 +333,27 @@ pub unsafe fn rows(
                         prefetch: q == 0,
                     },
                 };
-                pass(&mut from, act, b, two, m1 > 0, &ks, slot);
-                if ks.end < k_tiles {
-                    continue;
+                let shape = Shape { two, rows2: m1 > 0 };
+                pass(&mut from, act, b, shape, &ks, &sums[at..at + 4]);
+                // While the tile products run: the last finished pass's sums out.
+                if let Some(done) = pending.take() {
+                    done.put(&sums[done.at..done.at + 4], act, &mut put);
                 }
-                let tiles = [(0, 0, 0), (1, m0, 0), (2, 0, 1), (3, m0, 1)];
-                for (s, dr, db) in tiles {
-                    let (m, nt) = (if dr == 0 { m0 } else { m1 }, if db == 0 { n.0 } else { n.1 });
-                    // Token by token, so that its rows' outputs are written side by side.
-                    for j in 0..nt {
-                        for (i, row) in slot[s].0[..m].iter().enumerate() {
-                            put(rp + dr + i, (b + db) * act.cols + j, act.sum(row, j));
-                        }
-                    }
+                store(shape, &mut sums[at..at + 4]);
+                if ks.end == k_tiles {
+                    pending = Some(Finished {
+                        at,
+                        rp,
+                        m: (m0, m1),
+                        b,
+                        n,
+                    });
                 }
             }
         }
+    }
+    if let Some(done) = pending {
+        done.put(&sums[done.at..done.at + 4], act, &mut put);
     }
     asm!("tilerelease", options(nostack, nomem));
     SPARE_SUMS.set(sums);
@@ -323,26 +375,21 @@ pub unsafe fn product(
     assert_eq!(out.len(), rows.len() * tokens);
     let act = AmxAct::new(xs, tokens, in_dim);
     let blocks = 0..act.blocks();
-    self::rows(w, in_dim, rows.start, rows.len(), &act, blocks, |r, j, v| {
-        out[r * tokens + j] = v
+    self::rows(w, in_dim, rows.start, rows.len(), &act, blocks, |r, j, vs| {
+        for (i, &v) in vs.iter().enumerate() {
+            out[(r + i) * tokens + j] = v;
+        }
     })
 }
 
 /// One pass over the input tiles `ks`: the sums of up to 2 row blocks (`rows2`: a second) x 2
 /// column blocks (`two`: a second), started from zero at the first input tile and otherwise
-/// from `sums` (as the chunk before left them), stored into `sums` (tile order as in
-/// [`TileConfig`]); the weights `from` the matrix or the chunk's copy.
+/// from `sums` (as the chunk before left them; tile order as in [`TileConfig`]), left in the
+/// tiles for [`store`]; the weights `from` the matrix or the chunk's copy.
 #[inline]
-unsafe fn pass(
-    from: &mut Weights,
-    act: &AmxAct,
-    b: usize,
-    two: bool,
-    rows2: bool,
-    ks: &Range<usize>,
-    sums: &mut [Sums],
-) {
-    let [o0, o1, o2, o3] = [0, 1, 2, 3].map(|i| sums[i].0.as_mut_ptr() as *mut u8);
+unsafe fn pass(from: &mut Weights, act: &AmxAct, b: usize, shape: Shape, ks: &Range<usize>, sums: &[Sums]) {
+    let Shape { two, rows2 } = shape;
+    let [o0, o1, o2, o3] = [0, 1, 2, 3].map(|i| sums[i].0.as_ptr() as *const u8);
     // Only configured tiles may be named.
     if ks.start == 0 {
         asm!("tilezero tmm0", options(nostack, nomem));
@@ -368,7 +415,39 @@ unsafe fn pass(
             asm!("tileloadd tmm3, [{o} + {s}*1]", o = in(reg) o3, s = in(reg) s, options(nostack, readonly));
         }
     }
-    for kt in ks.clone() {
+    // Whole input tiles of two row blocks x two column blocks: pointers stepped, no per-tile
+    // look-ups.
+    let mut rest = ks.clone();
+    let whole_end = ks.end.min(act.in_dim / K_TILE);
+    if rows2 && two && whole_end > ks.start {
+        let ((mut p0, sa0), (mut p1, sa1), step_w) = match from {
+            Weights::Direct { tiles, .. } => (tiles[0].tile(ks.start), tiles[1].tile(ks.start), 2 * K_TILE),
+            Weights::Staged(staged) => (staged.tile(0, 0), staged.tile(1, 0), 2 * K_TILE * ROWS),
+        };
+        let pf = match from {
+            Weights::Direct {
+                tiles,
+                prefetch: true,
+            } => Some(&**tiles),
+            _ => None,
+        };
+        let (mut x0, sx) = act.tile(b, ks.start);
+        let mut x1 = act.tile(b + 1, ks.start).0;
+        let step_x = sx * ROWS;
+        for kt in ks.start..whole_end {
+            if let Some(tiles) = pf {
+                tiles[0].prefetch(kt + PREFETCH_TILES, ks);
+                tiles[1].prefetch(kt + PREFETCH_TILES, ks);
+            }
+            four_products((p0, sa0), (p1, sa1), (x0, x1, sx));
+            p0 = p0.wrapping_add(step_w);
+            p1 = p1.wrapping_add(step_w);
+            x0 = x0.wrapping_add(step_x);
+            x1 = x1.wrapping_add(step_x);
+        }
+        rest = whole_end..ks.end;
+    }
+    for kt in rest {
         let ((p0, sa0), (p1, sa1)) = match from {
             Weights::Direct { tiles, prefetch } => {
                 if *prefetch {
@@ -383,19 +462,7 @@ unsafe fn pass(
         let x1 = if two { act.tile(b + 1, kt).0 } else { x0 };
 
         match (rows2, two) {
-            (true, true) => asm!(
-                "tileloadd tmm4, [{p0} + {sa0}*1]",
-                "tileloadd tmm5, [{p1} + {sa1}*1]",
-                "tileloadd tmm6, [{x0} + {sx}*1]",
-                "tileloadd tmm7, [{x1} + {sx}*1]",
-                "tdpbf16ps tmm0, tmm4, tmm6",
-                "tdpbf16ps tmm1, tmm5, tmm6",
-                "tdpbf16ps tmm2, tmm4, tmm7",
-                "tdpbf16ps tmm3, tmm5, tmm7",
-                p0 = in(reg) p0, sa0 = in(reg) sa0, p1 = in(reg) p1, sa1 = in(reg) sa1,
-                x0 = in(reg) x0, x1 = in(reg) x1, sx = in(reg) sx,
-                options(nostack, readonly),
-            ),
+            (true, true) => four_products((p0, sa0), (p1, sa1), (x0, x1, sx)),
             (true, false) => asm!(
                 "tileloadd tmm4, [{p0} + {sa0}*1]",
                 "tileloadd tmm5, [{p1} + {sa1}*1]",
@@ -426,6 +493,39 @@ unsafe fn pass(
             ),
         }
     }
+}
+
+/// One input tile's four products: weight tiles `w0` and `w1` (address, row stride) times the
+/// activation tiles at `x.0` and `x.1` (row stride `x.2`), added to sums tiles 0-3.
+///
+/// # Safety
+/// The tiles must be configured for two row and two column blocks, the addresses readable.
+#[inline(always)]
+unsafe fn four_products(w0: (*const u8, usize), w1: (*const u8, usize), x: (*const u8, *const u8, usize)) {
+    let ((p0, sa0), (p1, sa1), (x0, x1, sx)) = (w0, w1, x);
+    asm!(
+        "tileloadd tmm4, [{p0} + {sa0}*1]",
+        "tileloadd tmm5, [{p1} + {sa1}*1]",
+        "tileloadd tmm6, [{x0} + {sx}*1]",
+        "tileloadd tmm7, [{x1} + {sx}*1]",
+        "tdpbf16ps tmm0, tmm4, tmm6",
+        "tdpbf16ps tmm1, tmm5, tmm6",
+        "tdpbf16ps tmm2, tmm4, tmm7",
+        "tdpbf16ps tmm3, tmm5, tmm7",
+        p0 = in(reg) p0, sa0 = in(reg) sa0, p1 = in(reg) p1, sa1 = in(reg) sa1,
+        x0 = in(reg) x0, x1 = in(reg) x1, sx = in(reg) sx,
+        options(nostack, readonly),
+    );
+}
+
+/// Stores the pass's tiles of sums (those `shape` uses) into `sums`, in [`TileConfig`]'s order.
+///
+/// # Safety
+/// The tiles must be configured as for the pass.
+#[inline]
+unsafe fn store(shape: Shape, sums: &mut [Sums]) {
+    let Shape { two, rows2 } = shape;
+    let [o0, o1, o2, o3] = [0, 1, 2, 3].map(|i| sums[i].0.as_mut_ptr() as *mut u8);
     asm!("tilestored [{o} + {s}*1], tmm0", o = in(reg) o0, s = in(reg) 64usize, options(nostack));
     if rows2 {
         asm!("tilestored [{o} + {s}*1], tmm1", o = in(reg) o1, s = in(reg) 64usize, options(nostack));
@@ -514,9 +614,12 @@ mod tests {
             let mut seen = 0;
             // SAFETY: as above.
             unsafe {
-                rows_of(w, in_dim, r0, rows - r0, &act, blocks.clone(), |r, t, v| {
-                    assert_eq!(v.to_bits(), together[(r0 + r) * tokens + t].to_bits(), "{case}");
-                    seen += 1;
+                rows_of(w, in_dim, r0, rows - r0, &act, blocks.clone(), |r, t, vs| {
+                    for (i, v) in vs.iter().enumerate() {
+                        let want = together[(r0 + r + i) * tokens + t];
+                        assert_eq!(v.to_bits(), want.to_bits(), "{case}");
+                        seen += 1;
+                    }
                 })
             };
             let cols = act.block_tokens();
@@ -533,7 +636,7 @@ mod tests {
         n: usize,
         act: &AmxAct,
         blocks: Range<usize>,
-        put: impl FnMut(usize, usize, f32),
+        put: impl FnMut(usize, usize, &[f32]),
     ) {
         rows(w, in_dim, r0, n, act, blocks, put)
     }
