@@ -44,6 +44,15 @@ impl Default for SamplingParams {
 pub struct Sampler {
     pub params: SamplingParams,
     rng: Rng,
+    /// Kept between tokens (a vocabulary's worth each): no fresh mapping per token.
+    scratch: Scratch,
+}
+
+#[derive(Default)]
+struct Scratch {
+    logits: Vec<f32>,
+    cand: Vec<(u32, f32)>,
+    weights: Vec<f64>,
 }
 
 pub fn argmax(logits: &[f32]) -> u32 {
@@ -59,14 +68,25 @@ pub fn argmax(logits: &[f32]) -> u32 {
 impl Sampler {
     pub fn new(params: SamplingParams) -> Sampler {
         let rng = Rng::new(params.seed);
-        Sampler { params, rng }
+        Sampler {
+            params,
+            rng,
+            scratch: Scratch::default(),
+        }
     }
 
     /// Picks the next token from `logits` (V,), given the ids seen so far (prompt + generated)
     /// and, of those, the generated ones.
     pub fn sample(&mut self, logits: &[f32], seen: &[u32], generated: &[u32]) -> u32 {
         let p = &self.params;
-        let mut logits = logits.to_vec();
+        let Scratch {
+            logits: kept,
+            cand,
+            weights,
+        } = &mut self.scratch;
+        kept.clear();
+        kept.extend_from_slice(logits);
+        let logits = kept;
         for &(id, bias) in &p.logit_bias {
             if let Some(l) = logits.get_mut(id as usize) {
                 *l += bias;
@@ -99,13 +119,12 @@ impl Sampler {
             }
         }
         if p.temperature <= 0.0 {
-            return argmax(&logits);
+            return argmax(logits);
         }
         // Candidates in id order; only as many as the filters need are ever put in order
         // (highest logit first, ties: lower id first): a vocabulary of 150k sorted at every
         // token cost more than the model's last layers.
-        // Sized once: grown by doubling it would pass through a fresh mapping per size.
-        let mut cand: Vec<(u32, f32)> = Vec::with_capacity(logits.len());
+        cand.clear();
         cand.extend(
             logits
                 .iter()
@@ -114,7 +133,7 @@ impl Sampler {
                 .map(|(i, &l)| (i as u32, l / p.temperature)),
         );
         if cand.is_empty() {
-            return argmax(&logits);
+            return argmax(logits);
         }
         if p.top_k > 0 && p.top_k < cand.len() {
             cand.select_nth_unstable_by(p.top_k - 1, by_rank);
@@ -123,11 +142,13 @@ impl Sampler {
         let max = cand.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
         let weight = |l: f32| ((l - max) as f64).exp();
         if p.top_p >= 1.0 && p.min_p <= 0.0 {
-            // No filter needs the order: one draw over the weights in id order.
-            let total: f64 = cand.iter().map(|c| weight(c.1)).sum();
+            // No filter needs the order: one draw over the weights in id order, each weight
+            // computed once.
+            weights.clear();
+            weights.extend(cand.iter().map(|c| weight(c.1)));
+            let total: f64 = weights.iter().sum();
             let mut r = self.rng.next_f64() * total;
-            for &(id, l) in &cand {
-                let q = weight(l);
+            for (&(id, _), &q) in cand.iter().zip(weights.iter()) {
                 if r < q {
                     return id;
                 }
@@ -314,5 +335,38 @@ mod tests {
             "no filter: only {} distinct tokens",
             seen.len()
         );
+    }
+
+    /// The buffers kept between tokens start over at each token: after a large vocabulary, a
+    /// small one's draws see only its own logits, and the next large draw is the one a sampler
+    /// that never saw the large vocabulary makes at the same point of its seed.
+    #[test]
+    fn kept_buffers_start_over_at_each_token() {
+        let large: Vec<f32> = (0..5000).map(|i| (i as f32 * 0.11).cos() * 3.0).collect();
+        let small = [-100.0f32, -100.0, 50.0];
+        for top_p in [1.0, 0.5] {
+            let params = SamplingParams {
+                temperature: 1.0,
+                top_p,
+                seed: 5,
+                ..Default::default()
+            };
+            let mut used = Sampler::new(params.clone());
+            used.sample(&large, &[], &[]);
+            for _ in 0..50 {
+                assert_eq!(used.sample(&small, &[], &[]), 2, "top_p {top_p}");
+            }
+            // Every draw takes one number from the seed's sequence: 51 draws on another
+            // vocabulary put a fresh sampler at the same point.
+            let mut twin = Sampler::new(params);
+            for _ in 0..51 {
+                twin.sample(&large[..7], &[], &[]);
+            }
+            assert_eq!(
+                used.sample(&large, &[], &[]),
+                twin.sample(&large, &[], &[]),
+                "top_p {top_p}: the same seed position, the same draw"
+            );
+        }
     }
 }
