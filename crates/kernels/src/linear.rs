@@ -374,10 +374,14 @@ impl Linear {
         assert_eq!(xs.len(), n_tokens * self.in_dim, "matmul input is not (T, in)");
         assert_eq!(ys.len(), n_tokens * self.out_dim, "matmul output is not (T, out)");
         self.count_bytes();
-        if self.matmul_on_device(xs, n_tokens, ys) {
-            return;
+        let t0 = crate::profile::enabled().then(std::time::Instant::now);
+        if !self.matmul_on_device(xs, n_tokens, ys) {
+            self.matmul_cpu(xs, n_tokens, ys);
         }
-        self.matmul_cpu(xs, n_tokens, ys);
+        if let Some(t0) = t0 {
+            let format = self.data.format_name();
+            crate::profile::product(format, self.out_dim, self.in_dim, n_tokens, self.bytes(), t0);
+        }
     }
 
     /// Adds this weight's bytes to those products have touched ([`weight_bytes_touched`]).
@@ -400,7 +404,7 @@ impl Linear {
                 return;
             }
             // Row blocks in parallel; with one token the output rows are contiguous already.
-            ys.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each(|(b, out)| {
+            crate::for_each_chunk(ys, ROWS_PER_TASK, |b, out| {
                 let r0 = b * ROWS_PER_TASK;
                 self.rows_dot_prepared(r0..r0 + out.len(), xs, &prepared[0], out);
             });
@@ -492,7 +496,7 @@ impl Linear {
         if serial {
             (0..tasks).for_each(task);
         } else {
-            (0..tasks).into_par_iter().for_each(task);
+            crate::for_each_task(tasks, task);
         }
     }
 
@@ -544,7 +548,7 @@ impl Linear {
             if serial {
                 (0..tasks).for_each(task);
             } else {
-                (0..tasks).into_par_iter().for_each(task);
+                crate::for_each_task(tasks, task);
             }
         }
         #[cfg(not(target_arch = "x86_64"))]

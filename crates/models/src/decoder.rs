@@ -17,6 +17,7 @@ use crate::layers::moe::{MoeLayer, NextMoe};
 use crate::profile::{timed, PHASES};
 use crate::spine::{Layer, LayerStore};
 use crate::{KvCache, LayerState, Model, ModelError, ModelInfo, Result, RoutingRecord, Trace};
+use strata_kernels::profile::span;
 
 /// The new tokens of one sequence in a step, with its state.
 pub struct SeqInput<'a> {
@@ -136,7 +137,9 @@ impl Model for Decoder {
         }
         // (T, D): a prompt's rows on the kernels' threads.
         let mut x = vec![0f32; n_tokens * d];
-        strata_kernels::for_each_chunk(&mut x, d, |t, row| self.embed.decode_row(ids[t], row));
+        span("embedding", n_tokens, || {
+            strata_kernels::for_each_chunk(&mut x, d, |t, row| self.embed.decode_row(ids[t], row))
+        });
         if let Some(t) = trace.as_deref_mut() {
             t.hidden.push(("embed".into(), x.clone()));
         }
@@ -158,7 +161,9 @@ impl Model for Decoder {
                     let h = if done_blocks.is_empty() {
                         rms_normed(&x, &block.attn_norm, self.eps)
                     } else {
-                        let mixed = res.attn.mix(&x, &done_blocks, self.eps);
+                        let mixed = span("AttnRes mix", n_tokens, || {
+                            res.attn.mix(&x, &done_blocks, self.eps)
+                        });
                         rms_normed(&mixed, &block.attn_norm, self.eps)
                     };
                     if l.is_multiple_of(ar.block_size) {
@@ -189,7 +194,9 @@ impl Model for Decoder {
             add_into(&mut partial, &a);
 
             let mixed = match &block.res {
-                Some(res) if self.attn_res.is_some() => Some(res.mlp.mix(&partial, &done_blocks, self.eps)),
+                Some(res) if self.attn_res.is_some() => Some(span("AttnRes mix", n_tokens, || {
+                    res.mlp.mix(&partial, &done_blocks, self.eps)
+                })),
                 _ => None,
             };
             let ffn_in = mixed.as_deref().unwrap_or(&partial);
@@ -236,7 +243,9 @@ impl Model for Decoder {
             }
         }
         if let Some(ar) = &self.attn_res {
-            x = ar.output.mix(&x, &done_blocks, self.eps);
+            x = span("AttnRes mix", n_tokens, || {
+                ar.output.mix(&x, &done_blocks, self.eps)
+            });
         }
         for seq in batch.iter_mut() {
             seq.cache.len += seq.tokens.len();

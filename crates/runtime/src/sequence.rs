@@ -143,7 +143,9 @@ impl SeqState {
         if let Some(g) = &mut self.guided {
             g.mask(&mut logits).map_err(EngineError::Guide)?;
         }
-        let id = self.sampler.sample(&logits, &self.seen, &self.generated);
+        let id = strata_kernels::profile::span("sampling", 1, || {
+            self.sampler.sample(&logits, &self.seen, &self.generated)
+        });
         let guide_done = match &mut self.guided {
             Some(g) => {
                 g.take(id).map_err(EngineError::Guide)?;

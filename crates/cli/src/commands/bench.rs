@@ -147,11 +147,19 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     // Per token: (its end, the disk's rate probed right after it, the next token's start).
     let mut marks: Vec<(Mark, Option<f64>, Mark)> = Vec::new();
     let mut probe_error = None;
+    let profiling = strata_kernels::profile::enabled();
+    let mut profiles = Vec::new();
     let t0 = Instant::now();
     let before = mark();
+    if profiling {
+        profiles.push(strata_kernels::profile::snapshot());
+    }
     engine.generate(std::slice::from_ref(&request), |_, e| {
         if let GenEvent::Token { .. } = e {
             let end = mark();
+            if profiling && marks.is_empty() {
+                profiles.push(strata_kernels::profile::snapshot());
+            }
             let probe = (raw_probe > 0).then(|| match store.raw_read_bandwidth(raw_probe, probe_seed()) {
                 Ok((bytes, s)) => bytes as f64 / s,
                 Err(e) => {
@@ -172,6 +180,9 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     }
     if let Some(spine) = &engine.spine {
         spine.wait_idle();
+    }
+    if profiling {
+        profiles.push(strata_kernels::profile::snapshot());
     }
     let raw_after = raw()?;
     let compute = args
@@ -375,6 +386,17 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         wasted / 1e6,
         if total_read > 0.0 { 100.0 * wasted / total_read } else { 0.0 }
     );
+    if let [before, first, end] = &profiles[..] {
+        use strata_kernels::profile::{between, table};
+        print!(
+            "profile: the prompt's products and spans (STRATA_PROFILE), per prompt\n{}",
+            table(&between(before, first), 1.0)
+        );
+        print!(
+            "profile: per decoded token\n{}",
+            table(&between(first, end), steps)
+        );
+    }
     let gpu = super::gpu().map(gpu_figures);
     if let Some(g) = &gpu {
         println!(

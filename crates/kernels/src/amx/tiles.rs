@@ -284,8 +284,7 @@ pub unsafe fn rows(
     // Weight rows that start off 64-byte lines are staged once per chunk where several pairs
     // load them; inputs go in chunks where the pairs are many, or staged.
     let lines = (w.as_ptr() as usize).is_multiple_of(64) && (2 * in_dim).is_multiple_of(64);
-    let mut staged = (pairs > 1 && (std::env::var_os("XSTAGE").is_some() || !lines))
-        .then(|| Box::new(Staged([[0; ROWS * K_TILE]; 2 * K_CHUNK])));
+    let mut staged = (pairs > 1 && !lines).then(|| Box::new(Staged([[0; ROWS * K_TILE]; 2 * K_CHUNK])));
     let chunk = if staged.is_some() || pairs >= CHUNK_PAIRS {
         K_CHUNK.min(k_tiles)
     } else {

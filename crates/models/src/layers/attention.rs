@@ -129,41 +129,43 @@ impl GqaAttention {
         let scale = 1.0 / (dh as f32).sqrt();
         let group = h / hkv;
         let mut out = vec![0f32; n_tokens * h * dh]; // (T, H*Dh)
-        for seq in seqs.iter_mut() {
-            for t in seq.rows.clone() {
-                seq.cache
-                    .k
-                    .extend_from_slice(&k[t * hkv * dh..(t + 1) * hkv * dh]);
-                seq.cache
-                    .v
-                    .extend_from_slice(&v[t * hkv * dh..(t + 1) * hkv * dh]);
+        strata_kernels::profile::span("GQA attention core", n_tokens, || {
+            for seq in seqs.iter_mut() {
+                for t in seq.rows.clone() {
+                    seq.cache
+                        .k
+                        .extend_from_slice(&k[t * hkv * dh..(t + 1) * hkv * dh]);
+                    seq.cache
+                        .v
+                        .extend_from_slice(&v[t * hkv * dh..(t + 1) * hkv * dh]);
+                }
+                let kv_width = hkv * dh;
+                // Tasks of `per` query heads of one token, all of one KV group (their key and value
+                // rows read once for all), on the kernels' threads. Each head is computed alone,
+                // exactly as one by one, whatever the split.
+                let (rows, start_pos) = (seq.rows.clone(), seq.start_pos);
+                let per = heads_per_task(rows.len(), h, group);
+                let (cache_k, cache_v) = (&seq.cache.k, &seq.cache.v);
+                let q = &q;
+                strata_kernels::for_each_chunk(
+                    &mut out[rows.start * h * dh..rows.end * h * dh],
+                    per * dh,
+                    |idx, out| {
+                        let (i, head0) = (idx / (h / per), idx % (h / per) * per);
+                        let t = rows.start + i;
+                        let n_pos = start_pos + i + 1; // causal: positions 0..=own
+                                                       // Sliding window: only the last `window` positions (own included) are seen.
+                        let first = self.sliding_window.map_or(0, |w| n_pos.saturating_sub(w));
+                        let at = (head0 / group) * dh; // the KV head's columns in a cached row
+                        let qs = &q[t * h * dh + head0 * dh..t * h * dh + (head0 + per) * dh];
+                        let keys = &cache_k[first * kv_width + at..];
+                        let values = &cache_v[first * kv_width + at..];
+                        let q_of: Vec<&[f32]> = qs.chunks_exact(dh).collect();
+                        attend_heads(&q_of, keys, values, kv_width, n_pos - first, scale, out);
+                    },
+                );
             }
-            let kv_width = hkv * dh;
-            // Tasks of `per` query heads of one token, all of one KV group (their key and value
-            // rows read once for all), on the kernels' threads. Each head is computed alone,
-            // exactly as one by one, whatever the split.
-            let (rows, start_pos) = (seq.rows.clone(), seq.start_pos);
-            let per = heads_per_task(rows.len(), h, group);
-            let (cache_k, cache_v) = (&seq.cache.k, &seq.cache.v);
-            let q = &q;
-            strata_kernels::for_each_chunk(
-                &mut out[rows.start * h * dh..rows.end * h * dh],
-                per * dh,
-                |idx, out| {
-                    let (i, head0) = (idx / (h / per), idx % (h / per) * per);
-                    let t = rows.start + i;
-                    let n_pos = start_pos + i + 1; // causal: positions 0..=own
-                                                   // Sliding window: only the last `window` positions (own included) are seen.
-                    let first = self.sliding_window.map_or(0, |w| n_pos.saturating_sub(w));
-                    let at = (head0 / group) * dh; // the KV head's columns in a cached row
-                    let qs = &q[t * h * dh + head0 * dh..t * h * dh + (head0 + per) * dh];
-                    let keys = &cache_k[first * kv_width + at..];
-                    let values = &cache_v[first * kv_width + at..];
-                    let q_of: Vec<&[f32]> = qs.chunks_exact(dh).collect();
-                    attend_heads(&q_of, keys, values, kv_width, n_pos - first, scale, out);
-                },
-            );
-        }
+        });
         let mut y = vec![0f32; n_tokens * self.o.out_dim];
         self.o.matmul(&out, n_tokens, &mut y);
         if let Some(o) = self.biases.as_ref().and_then(|b| b.o.as_ref()) {

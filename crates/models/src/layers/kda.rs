@@ -143,66 +143,68 @@ impl KdaAttention {
 
         let mut out = vec![0f32; n_tokens * c]; // (T, C)
         let scale = (dk as f32).powf(-0.5);
-        for seq in seqs.iter_mut() {
-            let rows = seq.rows.clone();
-            let n = rows.len();
-            let qkv = self.convolve(&u[rows.start * 3 * c..rows.end * 3 * c], n, &mut seq.cache.conv);
-            // Head-major copies: (heads, n, Dk).
-            let mut hq = vec![0f32; nh * n * dk];
-            let mut hk = vec![0f32; nh * n * dk];
-            let mut hv = vec![0f32; nh * n * dv];
-            let mut hg = vec![0f32; nh * n * dk];
-            let mut hb = vec![0f32; nh * n];
-            for t in 0..n {
-                for h in 0..nh {
-                    let dst = (h * n + t) * dk;
-                    let src = t * 3 * c + h * dk;
-                    hq[dst..dst + dk].copy_from_slice(&qkv[src..src + dk]);
-                    hk[dst..dst + dk].copy_from_slice(&qkv[src + c..src + c + dk]);
-                    hv[dst..dst + dv].copy_from_slice(&qkv[src + 2 * c..src + 2 * c + dv]);
-                    l2_normalize(&mut hq[dst..dst + dk], self.l2_clamp);
-                    hq[dst..dst + dk].iter_mut().for_each(|v| *v *= scale);
-                    l2_normalize(&mut hk[dst..dst + dk], self.l2_clamp);
-                    let gsrc = (rows.start + t) * c + h * dk;
-                    hg[dst..dst + dk].copy_from_slice(&g[gsrc..gsrc + dk]);
-                    hb[h * n + t] = beta[(rows.start + t) * nh + h];
-                }
-            }
-            // Each head's recurrence (its own state, its own output) on the kernels' threads:
-            // computed alone, exactly as one by one.
-            let mut head_out = vec![0f32; nh * n * dv]; // (heads, n, Dv)
-            let state = &mut seq.cache.recurrent[..nh * dk * dv];
-            strata_kernels::for_each_chunk_pair(state, dk * dv, &mut head_out, n * dv, |h, state, o| {
-                let inputs = HeadInputs {
-                    q: &hq[h * n * dk..(h + 1) * n * dk],
-                    k: &hk[h * n * dk..(h + 1) * n * dk],
-                    v: &hv[h * n * dv..(h + 1) * n * dv],
-                    g: &hg[h * n * dk..(h + 1) * n * dk],
-                    beta: &hb[h * n..(h + 1) * n],
-                };
-                if n == 1 {
-                    recurrent_step(&inputs, dk, dv, state, o);
-                } else {
-                    for start in (0..n).step_by(self.chunk) {
-                        let end = (start + self.chunk).min(n);
-                        let part = HeadInputs {
-                            q: &inputs.q[start * dk..end * dk],
-                            k: &inputs.k[start * dk..end * dk],
-                            v: &inputs.v[start * dv..end * dv],
-                            g: &inputs.g[start * dk..end * dk],
-                            beta: &inputs.beta[start..end],
-                        };
-                        Self::chunk(&part, dk, dv, state, &mut o[start * dv..end * dv]);
+        strata_kernels::profile::span("KDA conv and recurrence", n_tokens, || {
+            for seq in seqs.iter_mut() {
+                let rows = seq.rows.clone();
+                let n = rows.len();
+                let qkv = self.convolve(&u[rows.start * 3 * c..rows.end * 3 * c], n, &mut seq.cache.conv);
+                // Head-major copies: (heads, n, Dk).
+                let mut hq = vec![0f32; nh * n * dk];
+                let mut hk = vec![0f32; nh * n * dk];
+                let mut hv = vec![0f32; nh * n * dv];
+                let mut hg = vec![0f32; nh * n * dk];
+                let mut hb = vec![0f32; nh * n];
+                for t in 0..n {
+                    for h in 0..nh {
+                        let dst = (h * n + t) * dk;
+                        let src = t * 3 * c + h * dk;
+                        hq[dst..dst + dk].copy_from_slice(&qkv[src..src + dk]);
+                        hk[dst..dst + dk].copy_from_slice(&qkv[src + c..src + c + dk]);
+                        hv[dst..dst + dv].copy_from_slice(&qkv[src + 2 * c..src + 2 * c + dv]);
+                        l2_normalize(&mut hq[dst..dst + dk], self.l2_clamp);
+                        hq[dst..dst + dk].iter_mut().for_each(|v| *v *= scale);
+                        l2_normalize(&mut hk[dst..dst + dk], self.l2_clamp);
+                        let gsrc = (rows.start + t) * c + h * dk;
+                        hg[dst..dst + dk].copy_from_slice(&g[gsrc..gsrc + dk]);
+                        hb[h * n + t] = beta[(rows.start + t) * nh + h];
                     }
                 }
-            });
-            for h in 0..nh {
-                for t in 0..n {
-                    let dst = (rows.start + t) * c + h * dv;
-                    out[dst..dst + dv].copy_from_slice(&head_out[(h * n + t) * dv..(h * n + t + 1) * dv]);
+                // Each head's recurrence (its own state, its own output) on the kernels' threads:
+                // computed alone, exactly as one by one.
+                let mut head_out = vec![0f32; nh * n * dv]; // (heads, n, Dv)
+                let state = &mut seq.cache.recurrent[..nh * dk * dv];
+                strata_kernels::for_each_chunk_pair(state, dk * dv, &mut head_out, n * dv, |h, state, o| {
+                    let inputs = HeadInputs {
+                        q: &hq[h * n * dk..(h + 1) * n * dk],
+                        k: &hk[h * n * dk..(h + 1) * n * dk],
+                        v: &hv[h * n * dv..(h + 1) * n * dv],
+                        g: &hg[h * n * dk..(h + 1) * n * dk],
+                        beta: &hb[h * n..(h + 1) * n],
+                    };
+                    if n == 1 {
+                        recurrent_step(&inputs, dk, dv, state, o);
+                    } else {
+                        for start in (0..n).step_by(self.chunk) {
+                            let end = (start + self.chunk).min(n);
+                            let part = HeadInputs {
+                                q: &inputs.q[start * dk..end * dk],
+                                k: &inputs.k[start * dk..end * dk],
+                                v: &inputs.v[start * dv..end * dv],
+                                g: &inputs.g[start * dk..end * dk],
+                                beta: &inputs.beta[start..end],
+                            };
+                            Self::chunk(&part, dk, dv, state, &mut o[start * dv..end * dv]);
+                        }
+                    }
+                });
+                for h in 0..nh {
+                    for t in 0..n {
+                        let dst = (rows.start + t) * c + h * dv;
+                        out[dst..dst + dv].copy_from_slice(&head_out[(h * n + t) * dv..(h * n + t + 1) * dv]);
+                    }
                 }
             }
-        }
+        });
 
         rms_norm(&mut out, &self.o_norm, self.eps);
         let mut gate = vec![0f32; n_tokens * c]; // (T, C)

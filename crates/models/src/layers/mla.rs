@@ -85,54 +85,56 @@ impl MlaAttention {
         }
 
         let mut out = vec![0f32; n_tokens * h * vd]; // (T, H*v)
-        for seq in seqs.iter_mut() {
-            for (i, t) in seq.rows.clone().enumerate() {
-                if let Some(rope) = &self.rope {
-                    let (cos, sin) = rope.cos_sin(seq.start_pos + i);
-                    rope.apply(&mut q[t * h * qk..(t + 1) * h * qk], qk, nope, &cos, &sin);
-                    rope.apply(
-                        &mut kv[t * kv_width..(t + 1) * kv_width],
-                        kv_width,
-                        lora,
-                        &cos,
-                        &sin,
-                    );
-                }
-                seq.cache
-                    .k
-                    .extend_from_slice(&kv[t * kv_width..(t + 1) * kv_width]);
-            }
-            // Every (token, head) of the sequence on the kernels' threads: each is computed
-            // alone, exactly as one by one.
-            let (rows, start_pos, cache_k) = (seq.rows.clone(), seq.start_pos, &seq.cache.k);
-            let q = &q;
-            strata_kernels::for_each_chunk(
-                &mut out[rows.start * h * vd..rows.end * h * vd],
-                vd,
-                |idx, o_head| {
-                    let (i, head) = (idx / h, idx % h);
-                    let t = rows.start + i;
-                    let n_pos = start_pos + i + 1;
-                    let mut scores = vec![0f32; n_pos];
-                    let mut q_abs = vec![0f32; lora];
-                    let mut o_lat = vec![0f32; lora];
-                    let qh = &q[t * h * qk + head * qk..t * h * qk + (head + 1) * qk];
-                    let base = head * (nope + vd);
-                    self.kv_b
-                        .matvec_rows_transposed(base..base + nope, &qh[..nope], &mut q_abs); // (kv_lora,)
-                    for (p, s) in scores.iter_mut().enumerate() {
-                        let key = &cache_k[p * kv_width..(p + 1) * kv_width];
-                        *s =
-                            (dot(&q_abs, &key[..lora]) + dot(&qh[nope..], &key[lora..])) * self.softmax_scale;
+        strata_kernels::profile::span("MLA attention core", n_tokens, || {
+            for seq in seqs.iter_mut() {
+                for (i, t) in seq.rows.clone().enumerate() {
+                    if let Some(rope) = &self.rope {
+                        let (cos, sin) = rope.cos_sin(seq.start_pos + i);
+                        rope.apply(&mut q[t * h * qk..(t + 1) * h * qk], qk, nope, &cos, &sin);
+                        rope.apply(
+                            &mut kv[t * kv_width..(t + 1) * kv_width],
+                            kv_width,
+                            lora,
+                            &cos,
+                            &sin,
+                        );
                     }
-                    softmax(&mut scores);
-                    // The latent rows weighted by the scores, positions in order.
-                    strata_kernels::attend::weighted_sum(&scores, cache_k, kv_width, &mut o_lat);
-                    let v_rows = base + nope..base + nope + vd;
-                    self.kv_b.matvec_rows(v_rows, &o_lat, o_head); // (v,)
-                },
-            );
-        }
+                    seq.cache
+                        .k
+                        .extend_from_slice(&kv[t * kv_width..(t + 1) * kv_width]);
+                }
+                // Every (token, head) of the sequence on the kernels' threads: each is computed
+                // alone, exactly as one by one.
+                let (rows, start_pos, cache_k) = (seq.rows.clone(), seq.start_pos, &seq.cache.k);
+                let q = &q;
+                strata_kernels::for_each_chunk(
+                    &mut out[rows.start * h * vd..rows.end * h * vd],
+                    vd,
+                    |idx, o_head| {
+                        let (i, head) = (idx / h, idx % h);
+                        let t = rows.start + i;
+                        let n_pos = start_pos + i + 1;
+                        let mut scores = vec![0f32; n_pos];
+                        let mut q_abs = vec![0f32; lora];
+                        let mut o_lat = vec![0f32; lora];
+                        let qh = &q[t * h * qk + head * qk..t * h * qk + (head + 1) * qk];
+                        let base = head * (nope + vd);
+                        self.kv_b
+                            .matvec_rows_transposed(base..base + nope, &qh[..nope], &mut q_abs); // (kv_lora,)
+                        for (p, s) in scores.iter_mut().enumerate() {
+                            let key = &cache_k[p * kv_width..(p + 1) * kv_width];
+                            *s = (dot(&q_abs, &key[..lora]) + dot(&qh[nope..], &key[lora..]))
+                                * self.softmax_scale;
+                        }
+                        softmax(&mut scores);
+                        // The latent rows weighted by the scores, positions in order.
+                        strata_kernels::attend::weighted_sum(&scores, cache_k, kv_width, &mut o_lat);
+                        let v_rows = base + nope..base + nope + vd;
+                        self.kv_b.matvec_rows(v_rows, &o_lat, o_head); // (v,)
+                    },
+                );
+            }
+        });
         if let Some(g) = &self.gate {
             let mut gates = vec![0f32; n_tokens * h * vd]; // (T, H*v)
             g.matmul(x, n_tokens, &mut gates);

@@ -182,10 +182,12 @@ impl MoeLayer {
         let n_experts = self.router.weight.out_dim;
         let mut logits = vec![0f32; n_tokens * n_experts]; // (T, E)
         self.router.weight.matmul(x, n_tokens, &mut logits);
-        let routes: Vec<Route> = logits
-            .chunks_exact(n_experts)
-            .map(|l| self.router.route(l))
-            .collect();
+        let routes: Vec<Route> = strata_kernels::profile::span("MoE routing", n_tokens, || {
+            logits
+                .chunks_exact(n_experts)
+                .map(|l| self.router.route(l))
+                .collect()
+        });
 
         // expert id -> [(token, weight)], ascending by expert id.
         let mut assigned: BTreeMap<usize, Vec<(usize, f32)>> = BTreeMap::new();
@@ -293,12 +295,14 @@ impl MoeLayer {
         // ascending expert order whatever order they arrived in (batch invariant and
         // deterministic), the tokens on the kernels' threads.
         let mut out = vec![0f32; n_tokens * d];
-        strata_kernels::for_each_chunk(&mut out, d, |t, row| {
-            for &(i, j, w) in &rows_of[t] {
-                for (o, v) in row.iter_mut().zip(&expert_out[i][j * d..(j + 1) * d]) {
-                    *o += v * w;
+        strata_kernels::profile::span("MoE weighted sums", n_tokens, || {
+            strata_kernels::for_each_chunk(&mut out, d, |t, row| {
+                for &(i, j, w) in &rows_of[t] {
+                    for (o, v) in row.iter_mut().zip(&expert_out[i][j * d..(j + 1) * d]) {
+                        *o += v * w;
+                    }
                 }
-            }
+            })
         });
         if let Some(lat) = &self.latent {
             if let Some(w) = &lat.norm {
