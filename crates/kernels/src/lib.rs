@@ -61,34 +61,9 @@ pub(crate) fn row_pairs(
     }
 }
 
-thread_local! {
-    /// Set inside [`on_this_thread`].
-    static ALONE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Number of threads the kernels may use (rayon's global pool, sized by [`init_threads`]); 1
-/// inside [`on_this_thread`].
+/// Number of threads the kernels may use (rayon's global pool, sized by [`init_threads`]).
 pub fn threads() -> usize {
-    if ALONE.with(|a| a.get()) {
-        1
-    } else {
-        rayon::current_num_threads()
-    }
-}
-
-/// Runs `f` with every product and helper it calls on the calling thread, none split over the
-/// kernels' threads: for work that is already one task of many side by side (a token's routed
-/// experts, one per core), where splitting each product again only interleaves every core's
-/// reads with the others' and adds a fork and join per product. The bits are the same either way.
-pub fn on_this_thread<T>(f: impl FnOnce() -> T) -> T {
-    struct Restore(bool);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            ALONE.with(|a| a.set(self.0));
-        }
-    }
-    let _restore = Restore(ALONE.with(|a| a.replace(true)));
-    f()
+    rayon::current_num_threads()
 }
 
 /// Sizes the kernels' thread pool once, before any product runs: `n` threads when given, else
@@ -190,65 +165,11 @@ pub(crate) fn give_back_u16(v: Vec<u16>) {
     give_back(&SPARE_U16, v)
 }
 
-/// Whether [`for_each_task`] hands work from outside the pool to every thread at once
-/// (`STRATA_BROADCAST=1`; not yet the default: to be measured on the 16-core hosts).
-fn broadcast_tasks() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("STRATA_BROADCAST").is_ok_and(|v| v == "1"))
-}
-
-/// `task(i)` for every i in `0..tasks`, on the kernels' threads, through rayon's splitting,
-/// which wakes idle threads one by one down a tree (four wake-ups deep for 16 threads). With
-/// `STRATA_BROADCAST=1`, work from outside the pool (the model's thread: a token's products one
-/// after another) wakes every thread at once instead, each taking the next task from a shared
-/// counter until none is left; inside the pool (a task of a task) it is split as before, so
-/// that busy threads finish what they hold first.
-pub fn for_each_task(tasks: usize, task: impl Fn(usize) + Sync) {
-    use rayon::prelude::*;
-    if tasks <= 1 || threads() == 1 {
-        (0..tasks).for_each(task);
-        return;
-    }
-    if rayon::current_thread_index().is_none() && broadcast_tasks() {
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        rayon::broadcast(|_| loop {
-            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            if i >= tasks {
-                break;
-            }
-            task(i);
-        });
-        return;
-    }
-    // `task` is Sync, not Send: each thread calls it through a shared reference.
-    let task = &task;
-    (0..tasks).into_par_iter().for_each(task);
-}
-
-/// A slice's base pointer, shared by tasks that each write a disjoint part of it.
-#[derive(Clone, Copy)]
-struct SharedMut<T>(*mut T);
-// SAFETY: only used to hand disjoint chunks of one `&mut [T]` (T: Send) to tasks that the call
-// outlives.
-unsafe impl<T: Send> Send for SharedMut<T> {}
-unsafe impl<T: Send> Sync for SharedMut<T> {}
-
-impl<T> SharedMut<T> {
-    /// Chunk `i` (of `len`) of the `total`-long slice.
-    ///
-    /// # Safety
-    /// No two live chunks may overlap, and the slice must outlive the chunk.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn chunk(&self, i: usize, len: usize, total: usize) -> &mut [T] {
-        let start = i * len;
-        std::slice::from_raw_parts_mut(self.0.add(start), len.min(total - start))
-    }
-}
-
 /// `f(i, chunk i)` for the `len`-wide chunks of `out`, on the kernels' threads (models own no
 /// threads: work whose parts are independent, such as attention heads, is split here). Each
 /// chunk's result is whatever `f` computes for it alone, so the split never changes a value.
 pub fn for_each_chunk<T: Send>(out: &mut [T], len: usize, f: impl Fn(usize, &mut [T]) + Sync) {
+    use rayon::prelude::*;
     if len == 0 {
         return;
     }
@@ -256,11 +177,7 @@ pub fn for_each_chunk<T: Send>(out: &mut [T], len: usize, f: impl Fn(usize, &mut
         out.chunks_mut(len).enumerate().for_each(|(i, c)| f(i, c));
         return;
     }
-    let (total, base) = (out.len(), SharedMut(out.as_mut_ptr()));
-    // SAFETY: task i takes chunk i alone, and `out` outlives the call.
-    for_each_task(total.div_ceil(len), |i| {
-        f(i, unsafe { base.chunk(i, len, total) })
-    });
+    out.par_chunks_mut(len).enumerate().for_each(|(i, c)| f(i, c));
 }
 
 /// [`for_each_chunk`] over two slices in step: `f(i, chunk i of a, chunk i of b)` (e.g. each
@@ -272,6 +189,7 @@ pub fn for_each_chunk_pair<T: Send, U: Send>(
     b_len: usize,
     f: impl Fn(usize, &mut [T], &mut [U]) + Sync,
 ) {
+    use rayon::prelude::*;
     if a_len == 0 || b_len == 0 {
         return;
     }
@@ -282,48 +200,15 @@ pub fn for_each_chunk_pair<T: Send, U: Send>(
             .for_each(|(i, (x, y))| f(i, x, y));
         return;
     }
-    let tasks = a.len().div_ceil(a_len).min(b.len().div_ceil(b_len));
-    let (a_total, a_base) = (a.len(), SharedMut(a.as_mut_ptr()));
-    let (b_total, b_base) = (b.len(), SharedMut(b.as_mut_ptr()));
-    // SAFETY: task i takes chunk i of each alone, and both slices outlive the call.
-    for_each_task(tasks, |i| unsafe {
-        f(
-            i,
-            a_base.chunk(i, a_len, a_total),
-            b_base.chunk(i, b_len, b_total),
-        )
-    });
+    a.par_chunks_mut(a_len)
+        .zip(b.par_chunks_mut(b_len))
+        .enumerate()
+        .for_each(|(i, (x, y))| f(i, x, y));
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    #[test]
-    fn every_task_runs_once_from_outside_the_pool_and_inside_it() {
-        for tasks in [0, 1, 2, 3, 17, 1000] {
-            let runs: Vec<AtomicUsize> = (0..tasks).map(|_| AtomicUsize::new(0)).collect();
-            for_each_task(tasks, |i| {
-                runs[i].fetch_add(1, Ordering::Relaxed);
-            });
-            assert!(
-                runs.iter().all(|r| r.load(Ordering::Relaxed) == 1),
-                "{tasks} tasks"
-            );
-            // A task of a task: rayon's splitting.
-            let inner: Vec<AtomicUsize> = (0..tasks * 3).map(|_| AtomicUsize::new(0)).collect();
-            for_each_task(3, |j| {
-                for_each_task(tasks, |i| {
-                    inner[j * tasks + i].fetch_add(1, Ordering::Relaxed);
-                })
-            });
-            assert!(
-                inner.iter().all(|r| r.load(Ordering::Relaxed) == 1),
-                "{tasks} inner tasks"
-            );
-        }
-    }
 
     #[test]
     fn chunks_cover_the_slices_with_a_short_last_one() {
@@ -339,16 +224,5 @@ mod tests {
         let mut c = vec![0usize; 7];
         for_each_chunk(&mut c, 3, |i, x| x.iter_mut().for_each(|v| *v = i));
         assert_eq!(c, [0, 0, 0, 1, 1, 1, 2]);
-    }
-
-    #[test]
-    fn on_this_thread_runs_alone_and_restores_after_a_panic() {
-        let outside = threads();
-        assert_eq!(on_this_thread(threads), 1);
-        assert_eq!(on_this_thread(|| on_this_thread(threads)), 1);
-        assert_eq!(threads(), outside);
-        let r = std::panic::catch_unwind(|| on_this_thread(|| panic!("inside")));
-        assert!(r.is_err());
-        assert_eq!(threads(), outside);
     }
 }

@@ -404,7 +404,7 @@ impl Linear {
                 return;
             }
             // Row blocks in parallel; with one token the output rows are contiguous already.
-            crate::for_each_chunk(ys, ROWS_PER_TASK, |b, out| {
+            ys.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each(|(b, out)| {
                 let r0 = b * ROWS_PER_TASK;
                 self.rows_dot_prepared(r0..r0 + out.len(), xs, &prepared[0], out);
             });
@@ -496,7 +496,7 @@ impl Linear {
         if serial {
             (0..tasks).for_each(task);
         } else {
-            crate::for_each_task(tasks, task);
+            (0..tasks).into_par_iter().for_each(task);
         }
     }
 
@@ -548,7 +548,7 @@ impl Linear {
             if serial {
                 (0..tasks).for_each(task);
             } else {
-                crate::for_each_task(tasks, task);
+                (0..tasks).into_par_iter().for_each(task);
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
