@@ -144,12 +144,15 @@ struct Layout {
 }
 
 impl Layout {
-    /// u16s per tile row: 64 bytes whatever the tokens and parts (two inputs of every part of
-    /// every token, 60 of the 64 bytes with three parts, the rest zero), so every tile row is one
-    /// whole cache line: a tile load whose rows straddle two lines measured 6x slower (43 cycles
-    /// against 6.6 on the development VM's Xeon).
+    /// u16s per tile row: two inputs of every part of every token of the block (up to 60 of 64
+    /// bytes with three parts, the rest zero), rounded up to 16, 32 or 64 bytes, so that no tile
+    /// row straddles two cache lines (such a tile load measured 6x slower: 43 cycles against 6.6
+    /// on the development VM's Xeon). A lone token's rows are 16 bytes: its tiles are a quarter
+    /// of a 64-byte row's, every task of a one-token product reads them, and the tile load asks
+    /// for only the configured 12 (8) bytes of each row either way.
     fn row_len(self) -> usize {
-        2 * COLS
+        let used = 2 * self.parts * self.cols;
+        [8, 16].into_iter().find(|&n| used <= n).unwrap_or(2 * COLS)
     }
 }
 
