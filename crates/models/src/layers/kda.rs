@@ -13,7 +13,7 @@
 use strata_kernels::Linear;
 
 use super::attention::SeqView;
-use super::math::{rms_norm, sigmoid, silu};
+use super::math::{mul_sigmoid, rms_norm, sigmoid, silu, ACT_PER_TASK};
 use crate::LayerState;
 
 /// How the raw forget-gate projection becomes a log-decay.
@@ -127,16 +127,17 @@ impl KdaAttention {
             self.f_a.matmul(x, n_tokens, &mut fa);
             self.f_b.matmul(&fa, n_tokens, &mut graw);
         }
-        let mut g = graw; // (T, C) log-decay
-        for row in g.chunks_exact_mut(c) {
-            for ((v, a), bias) in row.iter_mut().zip(&self.a).zip(&self.dt_bias) {
-                let raw = *v + bias;
+        let mut g = graw; // (T, C) log-decay, in parts on the kernels' threads
+        strata_kernels::for_each_chunk(&mut g, ACT_PER_TASK, |i, part| {
+            for (j, v) in part.iter_mut().enumerate() {
+                let ch = (i * ACT_PER_TASK + j) % c;
+                let (a, raw) = (self.a[ch], *v + self.dt_bias[ch]);
                 *v = match self.forget {
                     ForgetGate::Softplus => -a * softplus(raw),
                     ForgetGate::Bounded { lower_bound } => lower_bound * sigmoid(a * raw),
                 };
             }
-        }
+        });
         let mut beta = vec![0f32; n_tokens * nh]; // (T, heads)
         self.b.matmul(x, n_tokens, &mut beta);
         beta.iter_mut().for_each(|b| *b = sigmoid(*b));
@@ -216,9 +217,7 @@ impl KdaAttention {
                 b.matmul(&ga, n_tokens, &mut gate);
             }
         }
-        for (o, g) in out.iter_mut().zip(&gate) {
-            *o *= sigmoid(*g);
-        }
+        mul_sigmoid(&mut out, &gate);
         let mut y = vec![0f32; n_tokens * self.o.out_dim];
         self.o.matmul(&out, n_tokens, &mut y);
         y

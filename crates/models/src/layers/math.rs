@@ -70,8 +70,31 @@ pub enum Activation {
     Situ { beta: f32, linear_beta: f32 },
 }
 
-/// gate <- act(gate, up)
+/// Elements per task of the elementwise activations ([`glu`], [`mul_sigmoid`]): a transcendental
+/// or three per element (SiTU: two tanh and an exp), so a dense layer's 33,792 gates of one
+/// token are 9 tasks (1.5 ms on one core of the 16-core host), a routed expert's 3072 one (its
+/// own task already).
+pub(crate) const ACT_PER_TASK: usize = 4096;
+
+/// gate <- act(gate, up), in parts on the kernels' threads (elementwise: the same values).
 pub fn glu(gate: &mut [f32], up: &[f32], act: Activation) {
+    strata_kernels::for_each_chunk(gate, ACT_PER_TASK, |i, part| {
+        glu_part(part, &up[i * ACT_PER_TASK..], act)
+    });
+}
+
+/// `x <- x * sigmoid(gates)`, elementwise, in parts on the kernels' threads (an output gate).
+pub fn mul_sigmoid(x: &mut [f32], gates: &[f32]) {
+    assert_eq!(x.len(), gates.len());
+    strata_kernels::for_each_chunk(x, ACT_PER_TASK, |i, part| {
+        for (o, g) in part.iter_mut().zip(&gates[i * ACT_PER_TASK..]) {
+            *o *= sigmoid(*g);
+        }
+    });
+}
+
+/// [`glu`] of `gate` and the start of `up` on the calling thread.
+fn glu_part(gate: &mut [f32], up: &[f32], act: Activation) {
     match act {
         Activation::Silu => {
             for (g, u) in gate.iter_mut().zip(up) {
@@ -98,4 +121,37 @@ pub fn add_into(acc: &mut [f32], x: &[f32]) {
 
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     strata_kernels::dot::dot_f32(a, b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn activations_in_parts_equal_one_pass_over_every_element() {
+        let n = 3 * ACT_PER_TASK + 123; // parts and a short last one
+        let x = |i: usize, k: f32| ((i as f32 * k).sin() * 9.0) - 1.5;
+        let (g, u): (Vec<f32>, Vec<f32>) = (0..n).map(|i| (x(i, 0.37), x(i, 0.11))).unzip();
+        for act in [
+            Activation::Silu,
+            Activation::Situ {
+                beta: 4.0,
+                linear_beta: 25.0,
+            },
+        ] {
+            let (mut parts, mut whole) = (g.clone(), g.clone());
+            glu(&mut parts, &u, act);
+            glu_part(&mut whole, &u, act);
+            assert!(
+                parts.iter().zip(&whole).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{act:?}"
+            );
+        }
+        let mut gated = g.clone();
+        mul_sigmoid(&mut gated, &u);
+        assert!(gated
+            .iter()
+            .zip(g.iter().zip(&u))
+            .all(|(o, (v, s))| o.to_bits() == (v * sigmoid(*s)).to_bits()));
+    }
 }

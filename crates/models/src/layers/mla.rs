@@ -14,7 +14,7 @@
 use strata_kernels::Linear;
 
 use super::attention::SeqView;
-use super::math::{dot, rms_norm, sigmoid, softmax};
+use super::math::{dot, mul_sigmoid, rms_norm, softmax};
 use super::rope::Rope;
 use crate::LayerState;
 
@@ -138,9 +138,7 @@ impl MlaAttention {
         if let Some(g) = &self.gate {
             let mut gates = vec![0f32; n_tokens * h * vd]; // (T, H*v)
             g.matmul(x, n_tokens, &mut gates);
-            for (o, g) in out.iter_mut().zip(&gates) {
-                *o *= sigmoid(*g);
-            }
+            mul_sigmoid(&mut out, &gates);
         }
         let mut y = vec![0f32; n_tokens * self.o.out_dim];
         self.o.matmul(&out, n_tokens, &mut y);

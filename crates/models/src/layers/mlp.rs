@@ -31,7 +31,7 @@ pub fn glu_mlp(
     let mut u = vec![0f32; n_tokens * f]; // (T, F)
     gate.matmul(x, n_tokens, &mut g);
     up.matmul(x, n_tokens, &mut u);
-    glu(&mut g, &u, act);
+    strata_kernels::profile::span("GLU activation", n_tokens, || glu(&mut g, &u, act));
     let mut y = vec![0f32; n_tokens * down.out_dim]; // (T, D)
     down.matmul(&g, n_tokens, &mut y);
     y
