@@ -16,17 +16,17 @@ pub struct ResMix {
 }
 
 impl ResMix {
-    /// partial (T, D), blocks: each (T, D) -> (T, D)
+    /// partial (T, D), blocks: each (T, D) -> (T, D); a prompt's tokens on the kernels' threads
+    /// (each token's row is its own computation).
     pub fn mix(&self, partial: &[f32], blocks: &[Vec<f32>], eps: f32) -> Vec<f32> {
         let d = self.norm.len();
         let mut out = vec![0f32; partial.len()];
-        let mut scores = Vec::with_capacity(blocks.len() + 1);
-        for (t, row) in out.chunks_exact_mut(d).enumerate() {
+        strata_kernels::for_each_chunk(&mut out, d, |t, row| {
+            let mut scores = Vec::with_capacity(blocks.len() + 1);
             let source = |j: usize| -> &[f32] {
                 let v = if j < blocks.len() { &blocks[j] } else { partial };
                 &v[t * d..(t + 1) * d]
             };
-            scores.clear();
             for j in 0..=blocks.len() {
                 let v = source(j);
                 let inv = 1.0 / (v.iter().map(|x| x * x).sum::<f32>() / d as f32 + eps).sqrt();
@@ -44,7 +44,7 @@ impl ResMix {
                     *o += p * v;
                 }
             }
-        }
+        });
         out
     }
 }
