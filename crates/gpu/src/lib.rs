@@ -10,6 +10,7 @@
 
 mod matrix;
 mod offload;
+mod ops;
 mod packed;
 mod product;
 mod read;
@@ -20,6 +21,7 @@ use std::sync::{Arc, Mutex};
 
 pub use matrix::{GpuMatrix, Tile, WeightFormat};
 pub use offload::Offload;
+pub use ops::{AttendShape, Glu, GpuTensor, Recorder, MAX_HEAD};
 
 /// What `--device` asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -193,6 +195,8 @@ pub struct Gpu {
     matmul_pipeline_layout: wgpu::PipelineLayout,
     /// Storage bindings start at multiples of this (bytes).
     storage_align: u64,
+    /// The layer kernels' pipelines (`ops`).
+    ops: ops::Pipelines,
 }
 
 impl Gpu {
@@ -231,6 +235,7 @@ impl Gpu {
         };
         let read = pipeline(&device, "read", include_str!("shaders/read.wgsl"));
         let matmul_layout = product::matmul_layout(&device);
+        let ops = ops::Pipelines::new(&device);
         let matmul_pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
             label: Some("matmul"),
             bind_group_layouts: &[Some(&matmul_layout)],
@@ -250,6 +255,7 @@ impl Gpu {
             matmul_layout,
             matmul_pipeline_layout,
             storage_align: u64::from(limits.min_storage_buffer_offset_alignment),
+            ops,
         })
     }
 

@@ -49,6 +49,21 @@ impl Offload {
         &self.gpu
     }
 
+    /// The GPU of the installed device, when it is this backend.
+    pub fn installed() -> Option<&'static Offload> {
+        strata_kernels::offload::device()?
+            .as_any()
+            .downcast_ref::<Offload>()
+    }
+
+    /// The matrix behind one of this device's copies ([`Linear::on_device`]), counted as a
+    /// product run here.
+    pub fn matrix<'a>(&self, m: &'a dyn DeviceMatrix) -> Option<&'a GpuMatrix> {
+        let r = m.as_any().downcast_ref::<Resident>()?;
+        r.products.fetch_add(1, Ordering::Relaxed);
+        Some(&r.m)
+    }
+
     /// Bytes of weights uploaded so far.
     pub fn resident_bytes(&self) -> u64 {
         self.used.load(Ordering::Relaxed)
@@ -122,6 +137,14 @@ impl Device for Offload {
 
     fn takes_experts(&self) -> bool {
         self.experts
+    }
+
+    fn supports(&self, lin: &Linear) -> bool {
+        supported(&lin.data)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 
     fn matmul_group(&self, jobs: &mut [Job<'_>]) -> Result<(), String> {

@@ -34,14 +34,14 @@ struct Planned {
 }
 
 /// One chunk's dispatch: its parameters and workgroups.
-struct Dispatch {
-    params: [u8; 48],
+pub(crate) struct Dispatch {
+    pub(crate) params: [u8; 48],
     groups: [u32; 3],
 }
 
-/// The bind group layout every product pipeline shares (the uniform at a dynamic offset).
-pub(crate) fn matmul_layout(device: &wgpu::Device) -> wgpu::BindGroupLayout {
-    let storage = |binding, read_only| wgpu::BindGroupLayoutEntry {
+/// A compute shader's storage buffer binding.
+pub(crate) fn storage(binding: u32, read_only: bool) -> wgpu::BindGroupLayoutEntry {
+    wgpu::BindGroupLayoutEntry {
         binding,
         visibility: wgpu::ShaderStages::COMPUTE,
         ty: wgpu::BindingType::Buffer {
@@ -50,7 +50,11 @@ pub(crate) fn matmul_layout(device: &wgpu::Device) -> wgpu::BindGroupLayout {
             min_binding_size: None,
         },
         count: None,
-    };
+    }
+}
+
+/// The bind group layout every product pipeline shares (the uniform at a dynamic offset).
+pub(crate) fn matmul_layout(device: &wgpu::Device) -> wgpu::BindGroupLayout {
     device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
         label: Some("matmul"),
         entries: &[
@@ -310,7 +314,7 @@ impl Gpu {
     }
 
     /// A bind group whose activations and outputs are the ranges (offset, bytes) of their buffers.
-    fn matmul_bind_at(
+    pub(crate) fn matmul_bind_at(
         &self,
         w: &wgpu::Buffer,
         (x, (x0, xn)): (&wgpu::Buffer, (u64, u64)),
@@ -351,7 +355,7 @@ impl Gpu {
 
     /// Records one product's dispatches (chunk i with `binds[i]`, its parameters at offset
     /// (slot0 + i) * PARAMS_STRIDE of the uniform buffer) into one compute pass.
-    fn record_at(
+    pub(crate) fn record_at(
         &self,
         enc: &mut wgpu::CommandEncoder,
         format: WeightFormat,
@@ -377,8 +381,18 @@ impl Gpu {
         staging: &wgpu::Buffer,
         len: usize,
     ) -> Result<Vec<f32>, GpuError> {
-        let bytes = (len * 4) as u64;
-        enc.copy_buffer_to_buffer(src, 0, staging, 0, bytes);
+        enc.copy_buffer_to_buffer(src, 0, staging, 0, (len * 4) as u64);
+        self.read_back_copied(enc, staging, len)
+    }
+
+    /// Submits `enc`, which copies `len` floats into `staging` (mappable), and returns them.
+    pub(crate) fn read_back_copied(
+        &self,
+        enc: wgpu::CommandEncoder,
+        staging: &wgpu::Buffer,
+        len: usize,
+    ) -> Result<Vec<f32>, GpuError> {
+        let bytes = (len.max(1) * 4) as u64;
         self.queue.submit([enc.finish()]);
         let slice = staging.slice(..bytes);
         let (tx, rx) = std::sync::mpsc::channel();
@@ -407,7 +421,7 @@ impl Gpu {
 }
 
 /// Each chunk's parameters and workgroups for a product of `tokens` through `tile`.
-fn dispatches(m: &GpuMatrix, tokens: usize, tile: Tile) -> Result<Vec<Dispatch>, GpuError> {
+pub(crate) fn dispatches(m: &GpuMatrix, tokens: usize, tile: Tile) -> Result<Vec<Dispatch>, GpuError> {
     u32_of(tokens * m.rows, "outputs of one product")?;
     let groups_z = tokens.div_ceil(tile.tokens as usize);
     if groups_z > MAX_GROUPS {

@@ -29,6 +29,12 @@ pub trait Device: Send + Sync {
         false
     }
 
+    /// Whether this device has kernels for `lin`'s format.
+    fn supports(&self, lin: &Linear) -> bool;
+
+    /// The device as its own type (for code that drives it directly, such as the GPU decoder).
+    fn as_any(&self) -> &dyn std::any::Any;
+
     /// Runs `jobs` (matrices this device made) as one submission where it can: one wait for
     /// all of them. Each output gets the bits its lone product gives.
     fn matmul_group(&self, jobs: &mut [Job<'_>]) -> Result<(), String> {
@@ -44,6 +50,15 @@ pub trait DeviceMatrix: Send + Sync {
     fn matmul(&self, xs: &[f32], tokens: usize, ys: &mut [f32]) -> Result<(), String>;
     /// The matrix as its device's own type (for [`Device::matmul_group`]).
     fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// A weight's copy on the installed device: the kept one, or one made for a single use.
+pub struct DeviceWeight<'a>(OnDevice<'a>);
+
+impl DeviceWeight<'_> {
+    pub fn matrix(&self) -> &dyn DeviceMatrix {
+        self.0.get()
+    }
 }
 
 /// A weight's copy on the device for one product.
@@ -153,6 +168,11 @@ pub fn installed() -> bool {
     DEVICE.get().is_some()
 }
 
+/// The installed device, if any.
+pub fn device() -> Option<&'static dyn Device> {
+    DEVICE.get().map(|d| d.as_ref())
+}
+
 /// A weight's kept copy on the installed device, made at its first product.
 #[derive(Clone, Default)]
 pub struct DeviceCopy {
@@ -203,6 +223,14 @@ impl Linear {
             }
         }
         device.upload(self, false).map(OnDevice::Once)
+    }
+
+    /// This weight's copy on the installed device for code that records its products itself
+    /// (the GPU decoder), counted as touched; None when no device takes it.
+    pub fn on_device(&self) -> Option<DeviceWeight<'_>> {
+        let copy = self.device_copy(DEVICE.get()?.as_ref())?;
+        self.count_bytes();
+        Some(DeviceWeight(copy))
     }
 
     /// Runs the product on the installed device when it takes this weight; false when the CPU

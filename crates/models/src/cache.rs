@@ -15,6 +15,31 @@ pub struct LayerCache {
     pub recurrent: Vec<f32>,
     /// Short-convolution history of a linear-attention layer (KDA: (K-1, 3C), oldest first).
     pub conv: Vec<f32>,
+    /// A copy of `k` and `v` in GPU memory (the GPU decoder's), kept in step with them.
+    pub gpu: GpuKv,
+}
+
+/// Cached keys and values in GPU memory: room for `cap` positions, the first `synced` of them
+/// equal to the CPU's rows.
+pub struct KvMirror {
+    pub k: strata_gpu::GpuTensor,
+    pub v: strata_gpu::GpuTensor,
+    pub cap: usize,
+    pub synced: usize,
+}
+
+/// A layer cache's GPU copy. A copy shared by two caches (a cloned one) or out of step with the
+/// CPU's rows is made anew from them before use; cutting the rows drops it.
+#[derive(Clone, Default)]
+pub struct GpuKv(pub(crate) Option<std::sync::Arc<KvMirror>>);
+
+impl std::fmt::Debug for GpuKv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Some(m) => write!(f, "GpuKv({} of {} positions)", m.synced, m.cap),
+            None => f.write_str("GpuKv(none)"),
+        }
+    }
 }
 
 /// The state one layer keeps per sequence.
@@ -104,6 +129,7 @@ impl KvCache {
                 v: l.v[..(n * l.v_dim).min(l.v.len())].to_vec(),
                 recurrent: l.recurrent.clone(),
                 conv: l.conv.clone(),
+                gpu: GpuKv::default(),
             })
             .collect();
         KvCache { layers, len: n }
@@ -167,6 +193,7 @@ impl KvCache {
         for l in &mut self.layers {
             l.k.truncate(len * l.k_dim);
             l.v.truncate(len * l.v_dim);
+            l.gpu = GpuKv::default();
             if len == 0 {
                 l.recurrent.iter_mut().for_each(|v| *v = 0.0);
                 l.conv.iter_mut().for_each(|v| *v = 0.0);

@@ -67,10 +67,12 @@ pub struct Decoder {
     pub eps: f32,
     /// Block AttnRes in place of the plain residual (every block has its `res`).
     pub attn_res: Option<AttnRes>,
+    /// The GPU decoder's copies of the vectors, and whether the model runs there.
+    pub gpu: crate::gpu_decoder::GpuState,
 }
 
 /// A block held by the model or by a streamed layer's reader.
-enum BlockRef<'a> {
+pub(crate) enum BlockRef<'a> {
     Held(&'a Block),
     Streamed(Arc<Block>),
 }
@@ -87,7 +89,7 @@ impl std::ops::Deref for BlockRef<'_> {
 
 impl Decoder {
     /// Streamed layer `l`, waiting for its read (the wait counts as I/O wait).
-    fn streamed(&self, l: usize) -> Result<Arc<Block>> {
+    pub(crate) fn streamed(&self, l: usize) -> Result<Arc<Block>> {
         let store = self.spine.as_ref().ok_or_else(|| ModelError::Spine {
             layer: l,
             cause: "no layer store".into(),
@@ -100,7 +102,7 @@ impl Decoder {
 
     /// The first MoE layer after `l`, if its block is at hand (a streamed one only when its
     /// read has completed: the guess is not worth waiting for).
-    fn next_moe(&self, l: usize) -> Option<(usize, BlockRef<'_>)> {
+    pub(crate) fn next_moe(&self, l: usize) -> Option<(usize, BlockRef<'_>)> {
         for i in l + 1..self.layers.len() {
             let block = match &self.layers[i] {
                 Layer::Resident(b) => BlockRef::Held(b),
@@ -111,6 +113,26 @@ impl Decoder {
             }
         }
         None
+    }
+}
+
+/// The MoE layer [`Decoder::next_moe`] found, with what guessing its experts needs.
+pub(crate) fn next_moe_input<'b>(
+    next: &'b Option<(usize, BlockRef<'_>)>,
+    eps: f32,
+) -> Option<(&'b MoeLayer, NextMoe<'b>)> {
+    let (i, b) = next.as_ref()?;
+    match &b.ffn {
+        Ffn::Moe(m) => Some((
+            m,
+            NextMoe {
+                layer: *i,
+                router: &m.router,
+                norm: &b.ffn_norm,
+                eps,
+            },
+        )),
+        Ffn::Dense(_) => None,
     }
 }
 
@@ -142,6 +164,11 @@ impl Model for Decoder {
         });
         if let Some(t) = trace.as_deref_mut() {
             t.hidden.push(("embed".into(), x.clone()));
+        }
+        if trace.is_none() {
+            if let Some(off) = self.gpu_decoder() {
+                return self.forward_gpu(off, batch, x);
+            }
         }
 
         // AttnRes: the completed block sums, each (T, D).
@@ -204,18 +231,7 @@ impl Model for Decoder {
             // The next MoE layer's router, to guess its experts from this residual while this
             // block's MLP or experts run.
             let next_block = self.next_moe(l);
-            let next = next_block.as_ref().and_then(|(i, b)| match &b.ffn {
-                Ffn::Moe(m) => Some((
-                    m,
-                    NextMoe {
-                        layer: *i,
-                        router: &m.router,
-                        norm: &b.ffn_norm,
-                        eps: self.eps,
-                    },
-                )),
-                Ffn::Dense(_) => None,
-            });
+            let next = next_moe_input(&next_block, self.eps);
             let f = match &block.ffn {
                 Ffn::Dense(mlp) => {
                     if let Some((m, next)) = next {

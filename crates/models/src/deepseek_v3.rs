@@ -258,5 +258,6 @@ pub fn load(cfg: &JsonConfig, ckpt: &Checkpoint, loading: &Loading) -> Result<Bo
         lm_head,
         eps: c.eps,
         attn_res: None,
+        gpu: Default::default(),
     }))
 }

@@ -25,6 +25,8 @@ pub enum ModelError {
     Spine { layer: usize, cause: String },
     #[error("token id {id} is out of range for a vocabulary of {vocab}")]
     TokenOutOfRange { id: u32, vocab: usize },
+    #[error("GPU: {0}")]
+    Gpu(String),
     #[error("sequence would reach {positions} positions, past the model's context of {max}")]
     ContextOverflow { positions: usize, max: usize },
 }

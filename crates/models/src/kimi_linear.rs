@@ -621,6 +621,7 @@ pub(crate) fn load_hybrid(
         lm_head,
         eps: c.eps,
         attn_res,
+        gpu: Default::default(),
     }))
 }
 

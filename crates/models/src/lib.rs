@@ -13,6 +13,8 @@
 mod cache;
 mod decoder;
 mod error;
+mod gpu_decoder;
+mod gpu_moe;
 mod info;
 pub mod layers;
 pub mod profile;
@@ -30,7 +32,7 @@ mod kimi_linear;
 mod mixtral;
 mod qwen3_moe;
 
-pub use cache::{KvCache, LayerCache, LayerState};
+pub use cache::{GpuKv, KvCache, KvMirror, LayerCache, LayerState};
 pub use decoder::{Block, Decoder, SeqInput};
 pub use error::ModelError;
 pub use info::{ModelInfo, TensorSummary};

@@ -530,6 +530,7 @@ fn snapshot(h: Header, values: &[f32]) -> Result<Snapshot, String> {
             v: take(len * v_dim),
             recurrent: take(r),
             conv: take(c),
+            gpu: Default::default(),
         })
         .collect();
     let marks = (h.marks.iter())

@@ -110,6 +110,9 @@ impl Router {
     }
 }
 
+/// Expert id -> the tokens routed to it with their weights, ascending by expert id.
+pub(crate) type Assigned = BTreeMap<usize, Vec<(usize, f32)>>;
+
 /// The next MoE layer's router, to guess its experts from this layer's residual.
 pub struct NextMoe<'a> {
     pub layer: usize,
@@ -169,6 +172,30 @@ impl MoeLayer {
         self.store.prefetch(next.layer, &guess);
     }
 
+    /// Routes each token from its router logits (T, E), tells the store what every token picked
+    /// and asks it for the union. Returns the routes and, per expert id ascending, its tokens
+    /// with their weights.
+    pub(crate) fn route_and_submit(&self, logits: &[f32], n_tokens: usize) -> (Vec<Route>, Assigned) {
+        let n_experts = self.router.weight.out_dim;
+        let routes: Vec<Route> = strata_kernels::profile::span("MoE routing", n_tokens, || {
+            logits
+                .chunks_exact(n_experts)
+                .map(|l| self.router.route(l))
+                .collect()
+        });
+        let mut assigned: Assigned = BTreeMap::new();
+        for (t, r) in routes.iter().enumerate() {
+            for (&e, &w) in r.experts.iter().zip(&r.weights) {
+                assigned.entry(e).or_default().push((t, w));
+            }
+        }
+        let ids: Vec<usize> = assigned.keys().copied().collect();
+        let picked: Vec<&[usize]> = routes.iter().map(|r| r.experts.as_slice()).collect();
+        self.store.routed(self.layer, &picked);
+        self.store.submit(self.layer, &ids);
+        (routes, assigned)
+    }
+
     /// x (T, D) normed -> (T, D). `residual` (T, D) is the un-normed input, from which the next
     /// MoE layer's experts are guessed and prefetched while this layer's are read and computed.
     pub fn forward(
@@ -182,24 +209,8 @@ impl MoeLayer {
         let n_experts = self.router.weight.out_dim;
         let mut logits = vec![0f32; n_tokens * n_experts]; // (T, E)
         self.router.weight.matmul(x, n_tokens, &mut logits);
-        let routes: Vec<Route> = strata_kernels::profile::span("MoE routing", n_tokens, || {
-            logits
-                .chunks_exact(n_experts)
-                .map(|l| self.router.route(l))
-                .collect()
-        });
-
-        // expert id -> [(token, weight)], ascending by expert id.
-        let mut assigned: BTreeMap<usize, Vec<(usize, f32)>> = BTreeMap::new();
-        for (t, r) in routes.iter().enumerate() {
-            for (&e, &w) in r.experts.iter().zip(&r.weights) {
-                assigned.entry(e).or_default().push((t, w));
-            }
-        }
+        let (routes, assigned) = self.route_and_submit(&logits, n_tokens);
         let ids: Vec<usize> = assigned.keys().copied().collect();
-        let picked: Vec<&[usize]> = routes.iter().map(|r| r.experts.as_slice()).collect();
-        self.store.routed(self.layer, &picked);
-        self.store.submit(self.layer, &ids);
         if let Some(next) = next {
             self.prefetch_from(residual, n_tokens, &next);
         }

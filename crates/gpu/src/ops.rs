@@ -1,0 +1,689 @@
+//! A decoder layer's work on tensors that stay in GPU memory: products, RMSNorm, adds, gated
+//! activations, per-head norms with the rotary embedding, causal attention over a cache, copies.
+//! A [`Recorder`] collects them and [`Recorder::finish`] runs them as one submission with one
+//! wait, reading back only the tensors asked for; so a layer crosses the bus once, not once per
+//! product. The kernels are in `shaders/ops.wgsl`; each has the CPU's implementation as its
+//! reference (`tests/ops.rs`).
+
+use std::sync::OnceLock;
+
+use wgpu::util::DeviceExt;
+
+use crate::matrix::{le_bytes, u32_of, GpuMatrix, Tile, WeightFormat, MAX_GROUPS};
+use crate::product::{dispatches, storage, Dispatch, PARAMS_STRIDE};
+use crate::{Gpu, GpuError};
+
+/// Invocations per workgroup of the kernels (`WG` in the shader).
+const WG: usize = 128;
+/// The longest head (or RMSNorm row in `norm_rope`) the kernels hold: 1024 values.
+pub const MAX_HEAD: usize = 1024;
+const OPS_PARAMS: u64 = 64;
+
+/// f32 values in GPU memory.
+pub struct GpuTensor {
+    pub(crate) buf: wgpu::Buffer,
+    len: usize,
+}
+
+impl GpuTensor {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// The gated activation of [`Recorder::glu`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Glu {
+    /// silu(g) * u.
+    Silu,
+    /// [beta tanh(g/beta) sigmoid(g)] * [linear_beta tanh(u/linear_beta)].
+    Situ { beta: f32, linear_beta: f32 },
+}
+
+/// One sequence's new tokens for [`Recorder::attend`].
+#[derive(Clone, Copy, Debug)]
+pub struct AttendShape {
+    /// Query heads per token, and query heads per KV head.
+    pub heads: usize,
+    pub group: usize,
+    pub head_dim: usize,
+    /// Values per cached position (every KV head's).
+    pub kv_width: usize,
+    /// The sequence's first row in the queries and outputs, its new tokens, and the position
+    /// of the first of them.
+    pub row0: usize,
+    pub tokens: usize,
+    pub start_pos: usize,
+    /// Only the last `window` positions are seen (a sliding window); None: all.
+    pub window: Option<usize>,
+    pub scale: f32,
+}
+
+#[derive(Clone, Copy)]
+enum Kernel {
+    RmsNorm,
+    Add,
+    Glu,
+    NormRope,
+    Attend,
+    Gather,
+    ScatterAdd,
+    ScaleSigmoid,
+}
+
+impl Kernel {
+    fn entry(self) -> &'static str {
+        match self {
+            Kernel::RmsNorm => "rms_norm",
+            Kernel::Add => "add",
+            Kernel::Glu => "glu",
+            Kernel::NormRope => "norm_rope",
+            Kernel::Attend => "attend",
+            Kernel::Gather => "gather",
+            Kernel::ScatterAdd => "scatter_add",
+            Kernel::ScaleSigmoid => "scale_sigmoid",
+        }
+    }
+}
+
+/// The kernels' layout and pipelines (made at first use), and a buffer for unused bindings.
+pub(crate) struct Pipelines {
+    layout: wgpu::BindGroupLayout,
+    pipeline_layout: wgpu::PipelineLayout,
+    module: OnceLock<wgpu::ShaderModule>,
+    pipes: [OnceLock<wgpu::ComputePipeline>; 8],
+    unused: wgpu::Buffer,
+}
+
+impl Pipelines {
+    pub(crate) fn new(device: &wgpu::Device) -> Pipelines {
+        let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some("ops"),
+            entries: &[
+                storage(0, false),
+                storage(1, true),
+                storage(2, true),
+                storage(3, true),
+                wgpu::BindGroupLayoutEntry {
+                    binding: 4,
+                    visibility: wgpu::ShaderStages::COMPUTE,
+                    ty: wgpu::BindingType::Buffer {
+                        ty: wgpu::BufferBindingType::Uniform,
+                        has_dynamic_offset: true,
+                        min_binding_size: wgpu::BufferSize::new(OPS_PARAMS),
+                    },
+                    count: None,
+                },
+            ],
+        });
+        let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some("ops"),
+            bind_group_layouts: &[Some(&layout)],
+            immediate_size: 0,
+        });
+        let unused = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("unused binding"),
+            size: 16,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
+        Pipelines {
+            layout,
+            pipeline_layout,
+            module: OnceLock::new(),
+            pipes: Default::default(),
+            unused,
+        }
+    }
+
+    fn pipeline(&self, device: &wgpu::Device, k: Kernel) -> &wgpu::ComputePipeline {
+        self.pipes[k as usize].get_or_init(|| {
+            let module = self.module.get_or_init(|| {
+                device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                    label: Some("ops"),
+                    source: wgpu::ShaderSource::Wgsl(include_str!("shaders/ops.wgsl").into()),
+                })
+            });
+            device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(k.entry()),
+                layout: Some(&self.pipeline_layout),
+                module,
+                entry_point: Some(k.entry()),
+                compilation_options: Default::default(),
+                cache: None,
+            })
+        })
+    }
+}
+
+enum Op {
+    Matmul {
+        format: WeightFormat,
+        tile: Tile,
+        chunks: Vec<wgpu::Buffer>,
+        ds: Vec<Dispatch>,
+        x: wgpu::Buffer,
+        x_bytes: u64,
+        y: wgpu::Buffer,
+        y_bytes: u64,
+    },
+    Kernel {
+        k: Kernel,
+        /// a (written), b, c, d; None: unused.
+        bufs: [Option<wgpu::Buffer>; 4],
+        params: [u32; 16],
+        groups: [u32; 3],
+    },
+    Copy {
+        src: wgpu::Buffer,
+        src_off: u64,
+        dst: wgpu::Buffer,
+        dst_off: u64,
+        bytes: u64,
+    },
+}
+
+/// Work recorded for one submission ([`Gpu::recorder`]).
+pub struct Recorder<'g> {
+    gpu: &'g Gpu,
+    ops: Vec<Op>,
+}
+
+fn shape(what: String) -> GpuError {
+    GpuError::Shape(what)
+}
+
+fn need(t: &GpuTensor, n: usize, what: &str) -> Result<(), GpuError> {
+    if t.len < n {
+        return Err(shape(format!(
+            "{what}: a tensor of {} values where {n} are used",
+            t.len
+        )));
+    }
+    Ok(())
+}
+
+/// A grid of `n` workgroups (at most [`MAX_GROUPS`] a line) and its line length.
+fn grid(n: usize) -> ([u32; 3], u32) {
+    let x = n.clamp(1, MAX_GROUPS);
+    ([x as u32, n.div_ceil(x).max(1) as u32, 1], x as u32)
+}
+
+impl Gpu {
+    /// `len` f32 values of GPU memory (zeros).
+    pub fn tensor(&self, len: usize) -> Result<GpuTensor, GpuError> {
+        let bytes = (len.max(4) * 4).next_multiple_of(16) as u64;
+        if bytes > self.binding_limit {
+            return Err(shape(format!(
+                "a tensor of {len} values exceeds the adapter's largest binding ({} bytes)",
+                self.binding_limit
+            )));
+        }
+        u32_of(len, "tensor length")?;
+        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("tensor"),
+            size: bytes,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        Ok(GpuTensor { buf, len })
+    }
+
+    /// A tensor holding `data`.
+    pub fn upload_tensor(&self, data: &[f32]) -> Result<GpuTensor, GpuError> {
+        let t = self.tensor(data.len())?;
+        self.write_tensor(&t, 0, data)?;
+        Ok(t)
+    }
+
+    /// Writes `data` into `t` from value `at`, before any work submitted after this call.
+    pub fn write_tensor(&self, t: &GpuTensor, at: usize, data: &[f32]) -> Result<(), GpuError> {
+        need(t, at + data.len(), "writing a tensor")?;
+        if !data.is_empty() {
+            self.queue.write_buffer(&t.buf, (at * 4) as u64, &le_bytes(data));
+        }
+        Ok(())
+    }
+
+    /// An empty recorder.
+    pub fn recorder(&self) -> Recorder<'_> {
+        Recorder {
+            gpu: self,
+            ops: Vec::new(),
+        }
+    }
+}
+
+impl Recorder<'_> {
+    fn kernel(&mut self, k: Kernel, bufs: [Option<&GpuTensor>; 4], params: [u32; 16], groups: [u32; 3]) {
+        self.ops.push(Op::Kernel {
+            k,
+            bufs: bufs.map(|b| b.map(|t| t.buf.clone())),
+            params,
+            groups,
+        });
+    }
+
+    /// `y` (T x rows) = `m` applied to `x` (T x in), each output's bits those of [`Gpu::matmul`].
+    pub fn matmul(
+        &mut self,
+        m: &GpuMatrix,
+        x: &GpuTensor,
+        tokens: usize,
+        y: &GpuTensor,
+    ) -> Result<(), GpuError> {
+        need(x, tokens * m.in_dim, "product activations")?;
+        need(y, tokens * m.rows, "product outputs")?;
+        if tokens == 0 {
+            return Ok(());
+        }
+        let tile = self.gpu.forced_tile.unwrap_or(Tile::for_product(tokens, m.rows));
+        self.ops.push(Op::Matmul {
+            format: m.format,
+            tile,
+            chunks: m.chunks.iter().map(|c| c.buffer.clone()).collect(),
+            ds: dispatches(m, tokens, tile)?,
+            x: x.buf.clone(),
+            x_bytes: x.buf.size(),
+            y: y.buf.clone(),
+            y_bytes: ((tokens * m.rows * 4) as u64).next_multiple_of(4),
+        });
+        Ok(())
+    }
+
+    /// `y[y0 + r*dim ..]` = RMSNorm of `x[x0 + r*dim ..]` (rows of `dim`) with weights `w`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rms_norm(
+        &mut self,
+        x: &GpuTensor,
+        x0: usize,
+        w: &GpuTensor,
+        y: &GpuTensor,
+        y0: usize,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<(), GpuError> {
+        need(x, x0 + rows * dim, "RMSNorm input")?;
+        need(y, y0 + rows * dim, "RMSNorm output")?;
+        need(w, dim, "RMSNorm weights")?;
+        let (groups, line) = grid(rows);
+        let mut p = [0u32; 16];
+        p[..5].copy_from_slice(&[rows as u32, dim as u32, eps.to_bits(), x0 as u32, y0 as u32]);
+        p[15] = line;
+        self.kernel(Kernel::RmsNorm, [Some(y), Some(x), Some(w), None], p, groups);
+        Ok(())
+    }
+
+    /// `acc[i] += x[i % period]` for i < n: a residual (period n) or a bias on each row.
+    pub fn add(&mut self, acc: &GpuTensor, n: usize, x: &GpuTensor, period: usize) -> Result<(), GpuError> {
+        need(acc, n, "sum")?;
+        need(x, period, "addend")?;
+        if n == 0 || period == 0 {
+            return Ok(());
+        }
+        let (groups, line) = grid(n.div_ceil(WG));
+        let mut p = [0u32; 16];
+        p[..2].copy_from_slice(&[n as u32, period as u32]);
+        p[15] = line;
+        self.kernel(Kernel::Add, [Some(acc), Some(x), None, None], p, groups);
+        Ok(())
+    }
+
+    /// `gate[i] = act(gate[i], up[i])` for i < n.
+    pub fn glu(&mut self, gate: &GpuTensor, up: &GpuTensor, n: usize, act: Glu) -> Result<(), GpuError> {
+        need(gate, n, "gates")?;
+        need(up, n, "up projections")?;
+        let (groups, line) = grid(n.div_ceil(WG));
+        let mut p = [0u32; 16];
+        p[0] = n as u32;
+        if let Glu::Situ { beta, linear_beta } = act {
+            p[1..4].copy_from_slice(&[1, beta.to_bits(), linear_beta.to_bits()]);
+        }
+        p[15] = line;
+        self.kernel(Kernel::Glu, [Some(gate), Some(up), None, None], p, groups);
+        Ok(())
+    }
+
+    /// Each head of each token of `x` (T rows of `heads` x `head_dim`), in place: RMSNorm with
+    /// `norm` (weights, eps) when given, then its first `rope_dim` values rotated by its token's
+    /// cosines and sines (`cos_sin`: per token `rope_dim / 2` cosines, then as many sines), as
+    /// NeoX halves or `interleaved` pairs.
+    #[allow(clippy::too_many_arguments)]
+    pub fn norm_rope(
+        &mut self,
+        x: &GpuTensor,
+        tokens: usize,
+        heads: usize,
+        head_dim: usize,
+        norm: Option<(&GpuTensor, f32)>,
+        rope_dim: usize,
+        interleaved: bool,
+        cos_sin: &GpuTensor,
+    ) -> Result<(), GpuError> {
+        need(x, tokens * heads * head_dim, "heads")?;
+        need(cos_sin, tokens * rope_dim, "rotary cosines and sines")?;
+        if head_dim > MAX_HEAD || rope_dim > head_dim || !rope_dim.is_multiple_of(2) {
+            return Err(shape(format!(
+                "heads of {head_dim} values rotated over {rope_dim} (at most {MAX_HEAD}, an even part)"
+            )));
+        }
+        if tokens == 0 || heads == 0 {
+            return Ok(());
+        }
+        let mut p = [0u32; 16];
+        p[..3].copy_from_slice(&[heads as u32, head_dim as u32, rope_dim as u32]);
+        if let Some((w, eps)) = norm {
+            need(w, head_dim, "head norm weights")?;
+            p[3] = 1;
+            p[4] = eps.to_bits();
+        }
+        p[5] = u32::from(interleaved);
+        let groups = [heads as u32, u32_of(tokens, "tokens")?, 1];
+        if tokens > MAX_GROUPS || heads > MAX_GROUPS {
+            return Err(shape(format!("{tokens} tokens of {heads} heads in one dispatch")));
+        }
+        self.kernel(
+            Kernel::NormRope,
+            [Some(x), norm.map(|n| n.0), Some(cos_sin), None],
+            p,
+            groups,
+        );
+        Ok(())
+    }
+
+    /// Causal attention of one sequence's new tokens: `out` rows `s.row0..` get each query
+    /// head's softmax-weighted sum of the cached values (`v_cache`) over the cached keys
+    /// (`k_cache`) up to its own position, which the caches already hold.
+    pub fn attend(
+        &mut self,
+        out: &GpuTensor,
+        q: &GpuTensor,
+        k_cache: &GpuTensor,
+        v_cache: &GpuTensor,
+        s: &AttendShape,
+    ) -> Result<(), GpuError> {
+        let row = s.heads * s.head_dim;
+        need(q, (s.row0 + s.tokens) * row, "queries")?;
+        need(out, (s.row0 + s.tokens) * row, "attention outputs")?;
+        let positions = s.start_pos + s.tokens;
+        need(k_cache, positions * s.kv_width, "cached keys")?;
+        need(v_cache, positions * s.kv_width, "cached values")?;
+        let kv_heads = s.heads / s.group.max(1);
+        if s.head_dim > MAX_HEAD
+            || s.group == 0
+            || !s.heads.is_multiple_of(s.group)
+            || kv_heads * s.head_dim > s.kv_width
+        {
+            return Err(shape(format!(
+                "attention of {} heads in groups of {} over {} values per position, heads of {}",
+                s.heads, s.group, s.kv_width, s.head_dim
+            )));
+        }
+        if s.tokens == 0 {
+            return Ok(());
+        }
+        if s.tokens > MAX_GROUPS || s.heads > MAX_GROUPS {
+            return Err(shape(format!(
+                "{} tokens of {} heads in one dispatch",
+                s.tokens, s.heads
+            )));
+        }
+        let mut p = [0u32; 16];
+        p[..8].copy_from_slice(&[
+            s.heads as u32,
+            s.group as u32,
+            s.head_dim as u32,
+            s.kv_width as u32,
+            s.row0 as u32,
+            u32_of(s.start_pos, "position")?,
+            s.window.map_or(0, |w| w.max(1) as u32),
+            s.scale.to_bits(),
+        ]);
+        let groups = [s.heads as u32, s.tokens as u32, 1];
+        self.kernel(
+            Kernel::Attend,
+            [Some(out), Some(q), Some(k_cache), Some(v_cache)],
+            p,
+            groups,
+        );
+        Ok(())
+    }
+
+    /// Row j of `dst` (rows of `dim`) = row `rows[j]` of `src`.
+    pub fn gather(
+        &mut self,
+        src: &GpuTensor,
+        rows: &[usize],
+        dim: usize,
+        dst: &GpuTensor,
+    ) -> Result<(), GpuError> {
+        need(dst, rows.len() * dim, "gathered rows")?;
+        let top = rows.iter().max().map_or(0, |&r| r + 1);
+        need(src, top * dim, "rows to gather")?;
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let idx: Vec<f32> = rows.iter().map(|&r| f32::from_bits(r as u32)).collect();
+        let idx = self.gpu.upload_tensor(&idx)?;
+        let (groups, line) = grid(rows.len());
+        let mut p = [0u32; 16];
+        p[..2].copy_from_slice(&[rows.len() as u32, dim as u32]);
+        p[15] = line;
+        self.kernel(
+            Kernel::Gather,
+            [Some(dst), Some(src), Some(&idx), None],
+            p,
+            groups,
+        );
+        Ok(())
+    }
+
+    /// Row `rows[j].0` of `dst` += `rows[j].1` x row j of `src` (rows of `dim`); the targets
+    /// must be distinct.
+    pub fn scatter_add(
+        &mut self,
+        dst: &GpuTensor,
+        src: &GpuTensor,
+        rows: &[(usize, f32)],
+        dim: usize,
+    ) -> Result<(), GpuError> {
+        need(src, rows.len() * dim, "rows to add")?;
+        let top = rows.iter().map(|r| r.0).max().map_or(0, |r| r + 1);
+        need(dst, top * dim, "rows added to")?;
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let pairs: Vec<f32> = rows
+            .iter()
+            .flat_map(|&(r, w)| [f32::from_bits(r as u32), w])
+            .collect();
+        let pairs = self.gpu.upload_tensor(&pairs)?;
+        let (groups, line) = grid(rows.len());
+        let mut p = [0u32; 16];
+        p[..2].copy_from_slice(&[rows.len() as u32, dim as u32]);
+        p[15] = line;
+        self.kernel(
+            Kernel::ScatterAdd,
+            [Some(dst), Some(src), Some(&pairs), None],
+            p,
+            groups,
+        );
+        Ok(())
+    }
+
+    /// Row r of `x` (rows of `dim`) *= sigmoid(`gates[r]`), for `rows` rows.
+    pub fn scale_sigmoid(
+        &mut self,
+        x: &GpuTensor,
+        gates: &GpuTensor,
+        rows: usize,
+        dim: usize,
+    ) -> Result<(), GpuError> {
+        need(x, rows * dim, "gated rows")?;
+        need(gates, rows, "row gates")?;
+        let (groups, line) = grid(rows);
+        let mut p = [0u32; 16];
+        p[..2].copy_from_slice(&[rows as u32, dim as u32]);
+        p[15] = line;
+        self.kernel(
+            Kernel::ScaleSigmoid,
+            [Some(x), Some(gates), None, None],
+            p,
+            groups,
+        );
+        Ok(())
+    }
+
+    /// `dst[dst0 .. dst0 + n] = src[src0 .. src0 + n]`.
+    pub fn copy(
+        &mut self,
+        src: &GpuTensor,
+        src0: usize,
+        dst: &GpuTensor,
+        dst0: usize,
+        n: usize,
+    ) -> Result<(), GpuError> {
+        need(src, src0 + n, "copy source")?;
+        need(dst, dst0 + n, "copy destination")?;
+        if n > 0 {
+            self.ops.push(Op::Copy {
+                src: src.buf.clone(),
+                src_off: (src0 * 4) as u64,
+                dst: dst.buf.clone(),
+                dst_off: (dst0 * 4) as u64,
+                bytes: (n * 4) as u64,
+            });
+        }
+        Ok(())
+    }
+
+    /// Runs everything recorded as one submission, waits for it, and returns the values of each
+    /// `(tensor, first, count)` of `reads`.
+    pub fn finish(self, reads: &[(&GpuTensor, usize, usize)]) -> Result<Vec<Vec<f32>>, GpuError> {
+        let g = self.gpu;
+        for &(t, at, n) in reads {
+            need(t, at + n, "read back")?;
+        }
+        let params = self.params();
+        let params = g.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("ops params"),
+            contents: &params,
+            usage: wgpu::BufferUsages::UNIFORM,
+        });
+        let mut enc = g.device.create_command_encoder(&Default::default());
+        let mut slot = 0u64;
+        for op in &self.ops {
+            slot += self.record(&mut enc, op, &params, slot);
+        }
+        let total: usize = reads.iter().map(|r| r.2).sum();
+        let staging = g.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("read back"),
+            size: (total.max(4) * 4) as u64,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut at = 0u64;
+        for &(t, first, n) in reads {
+            if n > 0 {
+                enc.copy_buffer_to_buffer(&t.buf, (first * 4) as u64, &staging, at, (n * 4) as u64);
+            }
+            at += (n * 4) as u64;
+        }
+        let all = g.read_back_copied(enc, &staging, total)?;
+        let mut out = Vec::with_capacity(reads.len());
+        let mut from = 0;
+        for &(_, _, n) in reads {
+            out.push(all[from..from + n].to_vec());
+            from += n;
+        }
+        Ok(out)
+    }
+
+    /// Every op's parameter blocks, one per slot of [`PARAMS_STRIDE`] bytes.
+    fn params(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut put = |bytes: &[u8]| {
+            let at = out.len();
+            out.resize(at + PARAMS_STRIDE as usize, 0);
+            out[at..at + bytes.len()].copy_from_slice(bytes);
+        };
+        for op in &self.ops {
+            match op {
+                Op::Matmul { ds, .. } => ds.iter().for_each(|d| put(&d.params)),
+                Op::Kernel { params, .. } => put(&le_bytes(params.as_slice())),
+                Op::Copy { .. } => {}
+            }
+        }
+        if self.ops.is_empty() {
+            put(&[0; 16]);
+        }
+        out
+    }
+
+    /// Records `op` with its parameters from `slot`; returns the slots it took.
+    fn record(&self, enc: &mut wgpu::CommandEncoder, op: &Op, params: &wgpu::Buffer, slot: u64) -> u64 {
+        let g = self.gpu;
+        match op {
+            Op::Matmul {
+                format,
+                tile,
+                chunks,
+                ds,
+                x,
+                x_bytes,
+                y,
+                y_bytes,
+            } => {
+                let binds: Vec<wgpu::BindGroup> = chunks
+                    .iter()
+                    .map(|w| g.matmul_bind_at(w, (x, (0, *x_bytes)), (y, (0, *y_bytes)), params))
+                    .collect();
+                g.record_at(enc, *format, *tile, ds, &binds, slot);
+                ds.len() as u64
+            }
+            Op::Kernel { k, bufs, groups, .. } => {
+                let o = &g.ops;
+                let entries: Vec<wgpu::BindGroupEntry<'_>> = bufs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, b)| wgpu::BindGroupEntry {
+                        binding: i as u32,
+                        resource: b.as_ref().unwrap_or(&o.unused).as_entire_binding(),
+                    })
+                    .chain(std::iter::once(wgpu::BindGroupEntry {
+                        binding: 4,
+                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                            buffer: params,
+                            offset: 0,
+                            size: wgpu::BufferSize::new(OPS_PARAMS),
+                        }),
+                    }))
+                    .collect();
+                let bind = g.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: None,
+                    layout: &o.layout,
+                    entries: &entries,
+                });
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                pass.set_pipeline(o.pipeline(&g.device, *k));
+                pass.set_bind_group(0, &bind, &[(slot * PARAMS_STRIDE) as u32]);
+                pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+                1
+            }
+            Op::Copy {
+                src,
+                src_off,
+                dst,
+                dst_off,
+                bytes,
+            } => {
+                enc.copy_buffer_to_buffer(src, *src_off, dst, *dst_off, *bytes);
+                0
+            }
+        }
+    }
+}

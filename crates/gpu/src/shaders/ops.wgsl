@@ -1,0 +1,283 @@
+// The work of a decoder layer between its products, on tensors that stay in GPU memory: RMSNorm,
+// residual and bias adds, the gated activations, per-head norms with the rotary embedding, and
+// causal attention over a cached sequence. Every entry point shares one layout: `a` the tensor
+// written, `b`, `c`, `d` read, `prm` sixteen words of parameters.
+//
+// Batch invariance: each output is computed by one workgroup whose work depends only on its own
+// row (or token and head) and its sequence's cache, in a fixed order (each invocation's part in
+// order, then a fixed tree), never on the other rows of its batch.
+
+struct Params {
+    p0: u32, p1: u32, p2: u32, p3: u32,
+    p4: u32, p5: u32, p6: u32, p7: u32,
+    p8: u32, p9: u32, p10: u32, p11: u32,
+    p12: u32, p13: u32, p14: u32, p15: u32,
+}
+
+@group(0) @binding(0) var<storage, read_write> a: array<f32>;
+@group(0) @binding(1) var<storage, read> b: array<f32>;
+@group(0) @binding(2) var<storage, read> c: array<f32>;
+@group(0) @binding(3) var<storage, read> d: array<f32>;
+@group(0) @binding(4) var<uniform> prm: Params;
+
+const WG: u32 = 128u;
+var<workgroup> red: array<f32, 128>;
+
+// The sum of every invocation's `v`, through a fixed tree (every invocation gets it).
+fn tree_sum(l: u32, v: f32) -> f32 {
+    red[l] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
+        if (l < s) {
+            red[l] = red[l] + red[l + s];
+        }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
+fn tree_max(l: u32, v: f32) -> f32 {
+    red[l] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
+        if (l < s) {
+            red[l] = max(red[l], red[l + s]);
+        }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
+// A workgroup's row index over a grid of p15 workgroups per line.
+fn row_of(wg: vec3<u32>) -> u32 {
+    return wg.x + wg.y * prm.p15;
+}
+
+// a[p4 + r * p1 + i] = c[i] * (b[p3 + r * p1 + i] * inv_rms(row r of b)), rows p0, width p1,
+// eps bits p2.
+@compute @workgroup_size(128)
+fn rms_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l: u32) {
+    let r = row_of(wg);
+    if (r >= prm.p0) {
+        return;
+    }
+    let n = prm.p1;
+    let x0 = prm.p3 + r * n;
+    let y0 = prm.p4 + r * n;
+    var ss = 0.0;
+    for (var i = l; i < n; i += WG) {
+        let v = b[x0 + i];
+        ss = fma(v, v, ss);
+    }
+    let inv = 1.0 / sqrt(tree_sum(l, ss) / f32(n) + bitcast<f32>(prm.p2));
+    for (var i = l; i < n; i += WG) {
+        a[y0 + i] = c[i] * (b[x0 + i] * inv);
+    }
+}
+
+// a[i] += b[i % p1] for i < p0 (a residual when p1 = p0, a bias per row otherwise).
+@compute @workgroup_size(128)
+fn add(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l: u32) {
+    let i = row_of(wg) * WG + l;
+    if (i < prm.p0) {
+        a[i] = a[i] + b[i % prm.p1];
+    }
+}
+
+fn sigmoid(x: f32) -> f32 {
+    return 1.0 / (1.0 + exp(-x));
+}
+
+// a[i] = act(a[i], b[i]) for i < p0: p1 = 0 SwiGLU, silu(g) u; p1 = 1 SiTU-GLU with beta bits
+// p2 and linear beta bits p3.
+@compute @workgroup_size(128)
+fn glu(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l: u32) {
+    let i = row_of(wg) * WG + l;
+    if (i >= prm.p0) {
+        return;
+    }
+    let g = a[i];
+    let u = b[i];
+    if (prm.p1 == 0u) {
+        a[i] = g * sigmoid(g) * u;
+    } else {
+        let beta = bitcast<f32>(prm.p2);
+        let lb = bitcast<f32>(prm.p3);
+        a[i] = (beta * tanh(g / beta) * sigmoid(g)) * (lb * tanh(u / lb));
+    }
+}
+
+var<workgroup> head: array<f32, 1024>;
+
+// One head of one token, in place in `a` (rows of p0 heads x p1 values): RMSNorm with the
+// weights in b when p3 = 1 (eps bits p4), then the rotation of its first p2 values by the cos and
+// sin of its token's position (c: per token p2 / 2 cosines then p2 / 2 sines); p5 = 0 NeoX
+// halves, 1 interleaved pairs. Workgroup x: head, y: token.
+@compute @workgroup_size(128)
+fn norm_rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l: u32) {
+    let dh = prm.p1;
+    let base = (wg.y * prm.p0 + wg.x) * dh;
+    for (var i = l; i < dh; i += WG) {
+        head[i] = a[base + i];
+    }
+    workgroupBarrier();
+    if (prm.p3 == 1u) {
+        var ss = 0.0;
+        for (var i = l; i < dh; i += WG) {
+            ss = fma(head[i], head[i], ss);
+        }
+        let inv = 1.0 / sqrt(tree_sum(l, ss) / f32(dh) + bitcast<f32>(prm.p4));
+        for (var i = l; i < dh; i += WG) {
+            head[i] = b[i] * (head[i] * inv);
+        }
+        workgroupBarrier();
+    }
+    let half = prm.p2 / 2u;
+    let cs = wg.y * prm.p2;
+    for (var i = l; i < dh; i += WG) {
+        var v = head[i];
+        if (i < prm.p2) {
+            if (prm.p5 == 0u) {
+                let j = i % half;
+                let cos = c[cs + j];
+                let sin = c[cs + half + j];
+                if (i < half) {
+                    v = head[i] * cos - head[i + half] * sin;
+                } else {
+                    v = head[i] * cos + head[i - half] * sin;
+                }
+            } else {
+                let j = i / 2u;
+                let cos = c[cs + j];
+                let sin = c[cs + half + j];
+                if (i % 2u == 0u) {
+                    v = head[i] * cos - head[i + 1u] * sin;
+                } else {
+                    v = head[i] * cos + head[i - 1u] * sin;
+                }
+            }
+        }
+        a[base + i] = v;
+    }
+}
+
+const CHUNK: u32 = 256u;
+var<workgroup> scores: array<f32, 256>;
+
+// Causal attention of one query head of one token (workgroup x: head, y: the token's index in
+// its sequence) over the sequence's cached keys (c) and values (d), rows of p3 values, the head's
+// KV columns from (head / p1) * p2. Queries in b and outputs in a: rows of p0 heads x p2 values,
+// the sequence's first at row p4; its first new token at position p5; p6 > 0: only the last p6
+// positions are seen; p7: the score scale's bits. Positions go in chunks of 256 (scores, their
+// max and sum in a fixed tree; the values' sums rescaled to each chunk's running max), so the
+// result depends only on the head's own query and cache.
+@compute @workgroup_size(128)
+fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l: u32) {
+    let dh = prm.p2;
+    let qrow = (prm.p4 + wg.y) * prm.p0 * dh + wg.x * dh;
+    for (var i = l; i < dh; i += WG) {
+        head[i] = b[qrow + i];
+    }
+    workgroupBarrier();
+    let n_pos = prm.p5 + wg.y + 1u;
+    var first = 0u;
+    if (prm.p6 > 0u && n_pos > prm.p6) {
+        first = n_pos - prm.p6;
+    }
+    let col = (wg.x / prm.p1) * dh;
+    let width = prm.p3;
+    let scale = bitcast<f32>(prm.p7);
+    var m = -3.0e38;
+    var sum = 0.0;
+    var acc = array<f32, 8>(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
+    for (var p0 = first; p0 < n_pos; p0 += CHUNK) {
+        let n = min(CHUNK, n_pos - p0);
+        var lmax = -3.0e38;
+        for (var j = l; j < n; j += WG) {
+            let k0 = (p0 + j) * width + col;
+            var s = 0.0;
+            for (var i = 0u; i < dh; i++) {
+                s = fma(head[i], c[k0 + i], s);
+            }
+            s = s * scale;
+            scores[j] = s;
+            lmax = max(lmax, s);
+        }
+        let m_new = max(m, tree_max(l, lmax));
+        var lsum = 0.0;
+        for (var j = l; j < n; j += WG) {
+            let e = exp(scores[j] - m_new);
+            scores[j] = e;
+            lsum += e;
+        }
+        let r = exp(m - m_new);
+        sum = sum * r + tree_sum(l, lsum);
+        for (var k = 0u; k < 8u; k++) {
+            let i = l + k * WG;
+            if (i < dh) {
+                var s = acc[k] * r;
+                for (var j = 0u; j < n; j++) {
+                    s = fma(scores[j], d[(p0 + j) * width + col + i], s);
+                }
+                acc[k] = s;
+            }
+        }
+        m = m_new;
+        workgroupBarrier();
+    }
+    for (var k = 0u; k < 8u; k++) {
+        let i = l + k * WG;
+        if (i < dh) {
+            a[qrow + i] = acc[k] / sum;
+        }
+    }
+}
+
+// a[j * p1 + i] = b[idx_j * p1 + i] for rows j < p0, idx_j the u32 bits of c[j]: the rows of the
+// tokens routed to one expert.
+@compute @workgroup_size(128)
+fn gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l: u32) {
+    let j = row_of(wg);
+    if (j >= prm.p0) {
+        return;
+    }
+    let n = prm.p1;
+    let src = bitcast<u32>(c[j]) * n;
+    for (var i = l; i < n; i += WG) {
+        a[j * n + i] = b[src + i];
+    }
+}
+
+// a[idx_j * p1 + i] += w_j * b[j * p1 + i] for rows j < p0, c holding (idx_j bits, w_j) pairs; the
+// rows of one dispatch go to distinct rows of a (an expert's tokens), so dispatches in expert
+// order sum each token's experts in that order.
+@compute @workgroup_size(128)
+fn scatter_add(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l: u32) {
+    let j = row_of(wg);
+    if (j >= prm.p0) {
+        return;
+    }
+    let n = prm.p1;
+    let dst = bitcast<u32>(c[2u * j]) * n;
+    let w = c[2u * j + 1u];
+    for (var i = l; i < n; i += WG) {
+        a[dst + i] = a[dst + i] + b[j * n + i] * w;
+    }
+}
+
+// a[r * p1 + i] *= sigmoid(b[r]) for rows r < p0: a gate per row (Qwen2-MoE's shared expert).
+@compute @workgroup_size(128)
+fn scale_sigmoid(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l: u32) {
+    let r = row_of(wg);
+    if (r >= prm.p0) {
+        return;
+    }
+    let s = sigmoid(b[r]);
+    for (var i = l; i < prm.p1; i += WG) {
+        a[r * prm.p1 + i] = a[r * prm.p1 + i] * s;
+    }
+}
