@@ -197,6 +197,8 @@ pub struct Gpu {
     storage_align: u64,
     /// The layer kernels' pipelines (`ops`).
     ops: ops::Pipelines,
+    /// Buffers of tensors no longer used.
+    pool: Arc<Mutex<ops::Pool>>,
 }
 
 impl Gpu {
@@ -256,6 +258,7 @@ impl Gpu {
             matmul_pipeline_layout,
             storage_align: u64::from(limits.min_storage_buffer_offset_alignment),
             ops,
+            pool: Arc::default(),
         })
     }
 

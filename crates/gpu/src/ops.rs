@@ -5,9 +5,8 @@
 //! product. The kernels are in `shaders/ops.wgsl`; each has the CPU's implementation as its
 //! reference (`tests/ops.rs`).
 
-use std::sync::OnceLock;
-
-use wgpu::util::DeviceExt;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::matrix::{le_bytes, u32_of, GpuMatrix, Tile, WeightFormat, MAX_GROUPS};
 use crate::product::{dispatches, storage, Dispatch, PARAMS_STRIDE};
@@ -19,13 +18,61 @@ const WG: usize = 128;
 pub const MAX_HEAD: usize = 1024;
 const OPS_PARAMS: u64 = 64;
 
-/// f32 values in GPU memory.
+/// f32 values in GPU memory. Its buffer goes back to its GPU's pool when neither the tensor nor
+/// a recorder that uses it holds it any more, for the next tensor of its size.
 pub struct GpuTensor {
-    pub(crate) buf: wgpu::Buffer,
+    inner: Arc<Pooled>,
     len: usize,
 }
 
+/// Buffers no longer used, by (bytes, usage), up to [`POOL_MAX`] bytes: making a buffer and
+/// its first-use clearing cost more than many a layer's kernel.
+#[derive(Default)]
+pub(crate) struct Pool {
+    free: HashMap<(u64, u32), Vec<wgpu::Buffer>>,
+    bytes: u64,
+}
+
+/// Bytes of unused buffers a pool keeps.
+const POOL_MAX: u64 = 1 << 30;
+
+impl Pool {
+    fn take(pool: &Mutex<Pool>, bytes: u64, usage: wgpu::BufferUsages) -> Option<wgpu::Buffer> {
+        let mut p = pool.lock().unwrap_or_else(|e| e.into_inner());
+        let b = p.free.get_mut(&(bytes, usage.bits()))?.pop()?;
+        p.bytes -= bytes;
+        Some(b)
+    }
+
+    fn put(pool: &Mutex<Pool>, buf: wgpu::Buffer) {
+        let mut p = pool.lock().unwrap_or_else(|e| e.into_inner());
+        let bytes = buf.size();
+        if p.bytes + bytes <= POOL_MAX {
+            p.bytes += bytes;
+            p.free.entry((bytes, buf.usage().bits())).or_default().push(buf);
+        }
+    }
+}
+
+/// A pooled buffer, back to its pool when dropped.
+struct Pooled {
+    buf: Option<wgpu::Buffer>,
+    pool: Arc<Mutex<Pool>>,
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        if let Some(b) = self.buf.take() {
+            Pool::put(&self.pool, b);
+        }
+    }
+}
+
 impl GpuTensor {
+    pub(crate) fn buf(&self) -> &wgpu::Buffer {
+        self.inner.buf.as_ref().expect("held until dropped")
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }
@@ -177,6 +224,7 @@ enum Op {
         params: [u32; 16],
         groups: [u32; 3],
     },
+    Clear(wgpu::Buffer),
     Copy {
         src: wgpu::Buffer,
         src_off: u64,
@@ -190,6 +238,8 @@ enum Op {
 pub struct Recorder<'g> {
     gpu: &'g Gpu,
     ops: Vec<Op>,
+    /// Every tensor an op uses, held until the work is done.
+    used: Vec<Arc<Pooled>>,
 }
 
 fn shape(what: String) -> GpuError {
@@ -213,23 +263,41 @@ fn grid(n: usize) -> ([u32; 3], u32) {
 }
 
 impl Gpu {
-    /// `len` f32 values of GPU memory (zeros).
+    /// `len` f32 values of GPU memory, their values undefined until written ([`Recorder::clear`]
+    /// zeroes them): a pooled buffer of its size when there is one.
     pub fn tensor(&self, len: usize) -> Result<GpuTensor, GpuError> {
-        let bytes = (len.max(4) * 4).next_multiple_of(16) as u64;
-        if bytes > self.binding_limit {
+        let exact = (len.max(4) * 4).next_multiple_of(16) as u64;
+        if exact > self.binding_limit {
             return Err(shape(format!(
                 "a tensor of {len} values exceeds the adapter's largest binding ({} bytes)",
                 self.binding_limit
             )));
         }
         u32_of(len, "tensor length")?;
-        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("tensor"),
-            size: bytes,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        Ok(GpuTensor { buf, len })
+        // Sizes in powers of two (from 256 bytes), so a pooled buffer fits many tensors.
+        let pow2 = exact.max(256).next_power_of_two();
+        let bytes = if pow2 <= self.binding_limit { pow2 } else { exact };
+        let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+        let buf = self.pooled(bytes, usage, "tensor");
+        Ok(GpuTensor {
+            inner: Arc::new(Pooled {
+                buf: Some(buf),
+                pool: self.pool.clone(),
+            }),
+            len,
+        })
+    }
+
+    /// A buffer of `bytes` and `usage` from the pool, or a new one.
+    fn pooled(&self, bytes: u64, usage: wgpu::BufferUsages, label: &str) -> wgpu::Buffer {
+        Pool::take(&self.pool, bytes, usage).unwrap_or_else(|| {
+            self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: bytes,
+                usage,
+                mapped_at_creation: false,
+            })
+        })
     }
 
     /// A tensor holding `data`.
@@ -243,7 +311,7 @@ impl Gpu {
     pub fn write_tensor(&self, t: &GpuTensor, at: usize, data: &[f32]) -> Result<(), GpuError> {
         need(t, at + data.len(), "writing a tensor")?;
         if !data.is_empty() {
-            self.queue.write_buffer(&t.buf, (at * 4) as u64, &le_bytes(data));
+            self.queue.write_buffer(t.buf(), (at * 4) as u64, &le_bytes(data));
         }
         Ok(())
     }
@@ -253,15 +321,23 @@ impl Gpu {
         Recorder {
             gpu: self,
             ops: Vec::new(),
+            used: Vec::new(),
         }
     }
 }
 
 impl Recorder<'_> {
+    /// Holds `t` until the recorded work is done; its buffer.
+    fn hold(&mut self, t: &GpuTensor) -> wgpu::Buffer {
+        self.used.push(t.inner.clone());
+        t.buf().clone()
+    }
+
     fn kernel(&mut self, k: Kernel, bufs: [Option<&GpuTensor>; 4], params: [u32; 16], groups: [u32; 3]) {
+        let bufs = bufs.map(|b| b.map(|t| self.hold(t)));
         self.ops.push(Op::Kernel {
             k,
-            bufs: bufs.map(|b| b.map(|t| t.buf.clone())),
+            bufs,
             params,
             groups,
         });
@@ -281,14 +357,15 @@ impl Recorder<'_> {
             return Ok(());
         }
         let tile = self.gpu.forced_tile.unwrap_or(Tile::for_product(tokens, m.rows));
+        let (xb, yb) = (self.hold(x), self.hold(y));
         self.ops.push(Op::Matmul {
             format: m.format,
             tile,
             chunks: m.chunks.iter().map(|c| c.buffer.clone()).collect(),
             ds: dispatches(m, tokens, tile)?,
-            x: x.buf.clone(),
-            x_bytes: x.buf.size(),
-            y: y.buf.clone(),
+            x: xb,
+            x_bytes: x.buf().size(),
+            y: yb,
             y_bytes: ((tokens * m.rows * 4) as u64).next_multiple_of(4),
         });
         Ok(())
@@ -538,6 +615,12 @@ impl Recorder<'_> {
         Ok(())
     }
 
+    /// Zeroes `t`.
+    pub fn clear(&mut self, t: &GpuTensor) {
+        let buf = self.hold(t);
+        self.ops.push(Op::Clear(buf));
+    }
+
     /// `dst[dst0 .. dst0 + n] = src[src0 .. src0 + n]`.
     pub fn copy(
         &mut self,
@@ -550,10 +633,11 @@ impl Recorder<'_> {
         need(src, src0 + n, "copy source")?;
         need(dst, dst0 + n, "copy destination")?;
         if n > 0 {
+            let (src, dst) = (self.hold(src), self.hold(dst));
             self.ops.push(Op::Copy {
-                src: src.buf.clone(),
+                src,
                 src_off: (src0 * 4) as u64,
-                dst: dst.buf.clone(),
+                dst,
                 dst_off: (dst0 * 4) as u64,
                 bytes: (n * 4) as u64,
             });
@@ -568,32 +652,33 @@ impl Recorder<'_> {
         for &(t, at, n) in reads {
             need(t, at + n, "read back")?;
         }
-        let params = self.params();
-        let params = g.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some("ops params"),
-            contents: &params,
-            usage: wgpu::BufferUsages::UNIFORM,
-        });
+        let bytes = self.params();
+        let use_p = wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST;
+        let params = g.pooled((bytes.len() as u64).next_power_of_two(), use_p, "ops params");
+        g.queue.write_buffer(&params, 0, &bytes);
         let mut enc = g.device.create_command_encoder(&Default::default());
         let mut slot = 0u64;
         for op in &self.ops {
             slot += self.record(&mut enc, op, &params, slot);
         }
         let total: usize = reads.iter().map(|r| r.2).sum();
-        let staging = g.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("read back"),
-            size: (total.max(4) * 4) as u64,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        let use_s = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
+        let staging = g.pooled(
+            ((total.max(4) * 4) as u64).next_power_of_two(),
+            use_s,
+            "read back",
+        );
         let mut at = 0u64;
         for &(t, first, n) in reads {
             if n > 0 {
-                enc.copy_buffer_to_buffer(&t.buf, (first * 4) as u64, &staging, at, (n * 4) as u64);
+                enc.copy_buffer_to_buffer(t.buf(), (first * 4) as u64, &staging, at, (n * 4) as u64);
             }
             at += (n * 4) as u64;
         }
-        let all = g.read_back_copied(enc, &staging, total)?;
+        let all = g.read_back_copied(enc, &staging, total);
+        Pool::put(&g.pool, params);
+        Pool::put(&g.pool, staging);
+        let all = all?;
         let mut out = Vec::with_capacity(reads.len());
         let mut from = 0;
         for &(_, _, n) in reads {
@@ -615,7 +700,7 @@ impl Recorder<'_> {
             match op {
                 Op::Matmul { ds, .. } => ds.iter().for_each(|d| put(&d.params)),
                 Op::Kernel { params, .. } => put(&le_bytes(params.as_slice())),
-                Op::Copy { .. } => {}
+                Op::Copy { .. } | Op::Clear(_) => {}
             }
         }
         if self.ops.is_empty() {
@@ -682,6 +767,10 @@ impl Recorder<'_> {
                 bytes,
             } => {
                 enc.copy_buffer_to_buffer(src, *src_off, dst, *dst_off, *bytes);
+                0
+            }
+            Op::Clear(buf) => {
+                enc.clear_buffer(buf, 0, None);
                 0
             }
         }

@@ -25,6 +25,7 @@ use crate::layers::rope::{Rope, RopeStyle};
 use crate::profile::{timed, PHASES};
 use crate::spine::Layer;
 use crate::{KvMirror, LayerCache, ModelError, Result};
+use strata_kernels::profile::span;
 
 /// A decoder's vectors (norm weights, biases) in GPU memory, made at first use, and whether it
 /// runs on the GPU at all.
@@ -36,7 +37,7 @@ pub struct GpuState {
 
 /// Which vector of a layer (the final norm is layer `usize::MAX`'s).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
-enum Role {
+pub(crate) enum Role {
     AttnNorm,
     FfnNorm,
     QNorm,
@@ -69,6 +70,8 @@ pub(crate) struct Pass<'g> {
     off: &'static Offload,
     pub(crate) rec: Recorder<'g>,
     kv: Vec<KvRows>,
+    /// Tokens of the step (for the profile's spans).
+    tokens: usize,
 }
 
 impl<'g> Pass<'g> {
@@ -132,7 +135,7 @@ impl<'g> Pass<'g> {
             all.push((&r.k, r.at, r.len));
             all.push((&r.v, r.at, r.len));
         }
-        let mut got = rec.finish(&all).map_err(gpu_err)?;
+        let mut got = span("GPU submit and wait", self.tokens, || rec.finish(&all)).map_err(gpu_err)?;
         let rows = got.split_off(reads.len());
         for (r, kv_vals) in kv.iter().zip(rows.chunks_exact(2)) {
             let c = &mut batch[r.seq].cache.layers[r.layer];
@@ -198,7 +201,13 @@ impl Decoder {
     }
 
     /// A vector of the model in GPU memory (made at its first use).
-    fn gpu_vector(&self, gpu: &Gpu, layer: usize, role: Role, v: &[f32]) -> Result<Arc<GpuTensor>> {
+    pub(crate) fn gpu_vector(
+        &self,
+        gpu: &Gpu,
+        layer: usize,
+        role: Role,
+        v: &[f32],
+    ) -> Result<Arc<GpuTensor>> {
         let mut kept = self.gpu.vectors.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(t) = kept.get(&(layer, role)).filter(|t| t.len() == v.len()) {
             return Ok(t.clone());
@@ -223,6 +232,7 @@ impl Decoder {
             off,
             rec: gpu.recorder(),
             kv: Vec::new(),
+            tokens: n_tokens,
         };
         let xt = gpu.upload_tensor(&x).map_err(gpu_err)?;
         let mut tables: Vec<(Rope, GpuTensor)> = Vec::new();

@@ -11,7 +11,7 @@ use strata_gpu::GpuTensor;
 
 use crate::decoder::next_moe_input;
 use crate::decoder::{Decoder, SeqInput};
-use crate::gpu_decoder::{gpu_err, Pass};
+use crate::gpu_decoder::{gpu_err, Pass, Role};
 use crate::layers::moe::MoeLayer;
 use crate::{ModelError, Result};
 
@@ -33,15 +33,28 @@ impl Decoder {
         pass.product(&moe.router.weight, h, n_tokens, &logits)?;
         let next_block = self.next_moe(l);
         let next = next_moe_input(&next_block, self.eps).map(|(_, n)| n);
+        // The next MoE layer's guess from this residual, in the same submission.
+        let guess = match &next {
+            Some(nx) => {
+                let hn = pass.tensor(n_tokens * d)?;
+                let w = self.gpu_vector(pass.gpu, nx.layer, Role::FfnNorm, nx.norm)?;
+                (pass.rec.rms_norm(xt, 0, &w, &hn, 0, n_tokens, d, nx.eps)).map_err(gpu_err)?;
+                let lg = pass.tensor(n_tokens * nx.router.weight.out_dim)?;
+                pass.product(&nx.router.weight, &hn, n_tokens, &lg)?;
+                Some(lg)
+            }
+            None => None,
+        };
         let mut reads = vec![(&logits, 0, n_tokens * n_experts)];
-        if next.is_some() {
-            reads.push((xt, 0, n_tokens * d));
+        if let (Some(lg), Some(nx)) = (&guess, &next) {
+            reads.push((lg, 0, n_tokens * nx.router.weight.out_dim));
         }
         let got = pass.wait(batch, &reads)?;
         let (_, assigned) = moe.route_and_submit(&got[0], n_tokens);
         let ids: Vec<usize> = assigned.keys().copied().collect();
-        if let Some(next) = &next {
-            moe.prefetch_from(&got[1], n_tokens, next);
+        if let Some(nx) = &next {
+            moe.store
+                .prefetch(nx.layer, &MoeLayer::union_of_logits(nx.router, &got[1]));
         }
 
         // The shared expert first (resident weights), while the routed experts' reads fly.
@@ -88,6 +101,7 @@ impl Decoder {
                 },
             })?;
         let sum = pass.tensor(n_tokens * d)?;
+        pass.rec.clear(&sum);
         for (i, out) in outs.iter().enumerate() {
             let Some(y) = out else {
                 return Err(ModelError::Experts {

@@ -155,8 +155,14 @@ impl MoeLayer {
         let n_experts = router.weight.out_dim;
         let mut logits = vec![0f32; n_tokens * n_experts]; // (T, E)
         router.weight.matmul(x, n_tokens, &mut logits);
+        Self::union_of_logits(router, &logits)
+    }
+
+    /// Experts the router picks for any token whose router logits are in `logits` (T, E),
+    /// ascending.
+    pub(crate) fn union_of_logits(router: &Router, logits: &[f32]) -> Vec<usize> {
         let mut ids: Vec<usize> = logits
-            .chunks_exact(n_experts)
+            .chunks_exact(router.weight.out_dim)
             .flat_map(|l| router.route(l).experts)
             .collect();
         ids.sort_unstable();
