@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 
 pub use matrix::{GpuMatrix, Tile, WeightFormat};
 pub use offload::Offload;
-pub use ops::{AttendShape, Glu, GpuTensor, Recorder, MAX_HEAD};
+pub use ops::{AttendShape, Glu, GpuTensor, Recorder, Rotation, MAX_HEAD};
 
 /// What `--device` asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

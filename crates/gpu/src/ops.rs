@@ -90,13 +90,26 @@ pub enum Glu {
     Situ { beta: f32, linear_beta: f32 },
 }
 
+/// The rotary embedding of [`Recorder::norm_rope`]: `dim` values of each head from `offset`
+/// rotated by their token's cosines and sines (`cos_sin`: per token `dim / 2` cosines, then as
+/// many sines), as NeoX halves or `interleaved` pairs.
+#[derive(Clone, Copy)]
+pub struct Rotation<'a> {
+    pub offset: usize,
+    pub dim: usize,
+    pub interleaved: bool,
+    pub cos_sin: &'a GpuTensor,
+}
+
 /// One sequence's new tokens for [`Recorder::attend`].
 #[derive(Clone, Copy, Debug)]
 pub struct AttendShape {
     /// Query heads per token, and query heads per KV head.
     pub heads: usize,
     pub group: usize,
+    /// Values of a query and a key head, and of a value head (an output head's width).
     pub head_dim: usize,
+    pub value_dim: usize,
     /// Values per cached position (every KV head's).
     pub kv_width: usize,
     /// The sequence's first row in the queries and outputs, its new tokens, and the position
@@ -119,6 +132,7 @@ enum Kernel {
     Gather,
     ScatterAdd,
     ScaleSigmoid,
+    HeadMatvec,
 }
 
 impl Kernel {
@@ -132,6 +146,7 @@ impl Kernel {
             Kernel::Gather => "gather",
             Kernel::ScatterAdd => "scatter_add",
             Kernel::ScaleSigmoid => "scale_sigmoid",
+            Kernel::HeadMatvec => "head_matvec",
         }
     }
 }
@@ -141,7 +156,7 @@ pub(crate) struct Pipelines {
     layout: wgpu::BindGroupLayout,
     pipeline_layout: wgpu::PipelineLayout,
     module: OnceLock<wgpu::ShaderModule>,
-    pipes: [OnceLock<wgpu::ComputePipeline>; 8],
+    pipes: [OnceLock<wgpu::ComputePipeline>; 9],
     unused: wgpu::Buffer,
 }
 
@@ -425,50 +440,90 @@ impl Recorder<'_> {
         Ok(())
     }
 
-    /// Each head of each token of `x` (T rows of `heads` x `head_dim`), in place: RMSNorm with
-    /// `norm` (weights, eps) when given, then its first `rope_dim` values rotated by its token's
-    /// cosines and sines (`cos_sin`: per token `rope_dim / 2` cosines, then as many sines), as
-    /// NeoX halves or `interleaved` pairs.
-    #[allow(clippy::too_many_arguments)]
+    /// Each head of each token of `x` (T rows of `heads` x `head_dim`), in place: RMSNorm of its
+    /// first `norm.1` values with weights `norm.0` (eps `norm.2`) when given, then the rotation
+    /// `rope` when given.
     pub fn norm_rope(
         &mut self,
         x: &GpuTensor,
         tokens: usize,
         heads: usize,
         head_dim: usize,
-        norm: Option<(&GpuTensor, f32)>,
-        rope_dim: usize,
-        interleaved: bool,
-        cos_sin: &GpuTensor,
+        norm: Option<(&GpuTensor, usize, f32)>,
+        rope: Option<Rotation<'_>>,
     ) -> Result<(), GpuError> {
         need(x, tokens * heads * head_dim, "heads")?;
-        need(cos_sin, tokens * rope_dim, "rotary cosines and sines")?;
-        if head_dim > MAX_HEAD || rope_dim > head_dim || !rope_dim.is_multiple_of(2) {
+        let (r0, rd) = rope.as_ref().map_or((0, 0), |r| (r.offset, r.dim));
+        let nl = norm.map_or(0, |n| n.1);
+        if head_dim > MAX_HEAD || r0 + rd > head_dim || !rd.is_multiple_of(2) || nl > head_dim {
             return Err(shape(format!(
-                "heads of {head_dim} values rotated over {rope_dim} (at most {MAX_HEAD}, an even part)"
+                "heads of {head_dim} values normed over {nl} and rotated over {rd} from {r0} (at most {MAX_HEAD}, an even part)"
             )));
         }
         if tokens == 0 || heads == 0 {
             return Ok(());
         }
-        let mut p = [0u32; 16];
-        p[..3].copy_from_slice(&[heads as u32, head_dim as u32, rope_dim as u32]);
-        if let Some((w, eps)) = norm {
-            need(w, head_dim, "head norm weights")?;
-            p[3] = 1;
-            p[4] = eps.to_bits();
-        }
-        p[5] = u32::from(interleaved);
-        let groups = [heads as u32, u32_of(tokens, "tokens")?, 1];
         if tokens > MAX_GROUPS || heads > MAX_GROUPS {
             return Err(shape(format!("{tokens} tokens of {heads} heads in one dispatch")));
         }
-        self.kernel(
-            Kernel::NormRope,
-            [Some(x), norm.map(|n| n.0), Some(cos_sin), None],
-            p,
-            groups,
-        );
+        let mut p = [0u32; 16];
+        p[..3].copy_from_slice(&[heads as u32, head_dim as u32, rd as u32]);
+        if let Some((w, len, eps)) = norm {
+            need(w, len, "head norm weights")?;
+            p[3] = len as u32;
+            p[4] = eps.to_bits();
+        }
+        if let Some(r) = &rope {
+            need(r.cos_sin, tokens * r.dim, "rotary cosines and sines")?;
+            p[5] = u32::from(r.interleaved);
+            p[6] = r.offset as u32;
+        }
+        let groups = [heads as u32, tokens as u32, 1];
+        let bufs = [Some(x), norm.map(|n| n.0), rope.map(|r| r.cos_sin), None];
+        self.kernel(Kernel::NormRope, bufs, p, groups);
+        Ok(())
+    }
+
+    /// Per head h of each of `tokens` tokens: `y[t][h][..rows]` = `m[h]` (rows x cols, f32) times
+    /// `x[t][h][..cols]`, then the `extra` values of `x[t][h]` after its first `cols` copied
+    /// after them. Rows of `x` and `y` per head: `x_stride` and `y_stride` values.
+    #[allow(clippy::too_many_arguments)]
+    pub fn head_matvec(
+        &mut self,
+        m: &GpuTensor,
+        x: &GpuTensor,
+        y: &GpuTensor,
+        tokens: usize,
+        heads: usize,
+        (rows, cols): (usize, usize),
+        (x_stride, y_stride): (usize, usize),
+        extra: usize,
+    ) -> Result<(), GpuError> {
+        need(m, heads * rows * cols, "per-head matrices")?;
+        need(x, tokens * heads * x_stride, "per-head inputs")?;
+        need(y, tokens * heads * y_stride, "per-head outputs")?;
+        if cols + extra > x_stride || rows + extra > y_stride || cols > MAX_HEAD {
+            return Err(shape(format!(
+                "per-head products of {rows}x{cols} (+{extra}) over rows of {x_stride} into rows of {y_stride}"
+            )));
+        }
+        if tokens == 0 || heads == 0 {
+            return Ok(());
+        }
+        if tokens > MAX_GROUPS || heads > MAX_GROUPS {
+            return Err(shape(format!("{tokens} tokens of {heads} heads in one dispatch")));
+        }
+        let mut p = [0u32; 16];
+        p[..6].copy_from_slice(&[
+            heads as u32,
+            rows as u32,
+            cols as u32,
+            x_stride as u32,
+            y_stride as u32,
+            extra as u32,
+        ]);
+        let groups = [heads as u32, tokens as u32, 1];
+        self.kernel(Kernel::HeadMatvec, [Some(y), Some(x), None, Some(m)], p, groups);
         Ok(())
     }
 
@@ -483,17 +538,21 @@ impl Recorder<'_> {
         v_cache: &GpuTensor,
         s: &AttendShape,
     ) -> Result<(), GpuError> {
-        let row = s.heads * s.head_dim;
-        need(q, (s.row0 + s.tokens) * row, "queries")?;
-        need(out, (s.row0 + s.tokens) * row, "attention outputs")?;
+        need(q, (s.row0 + s.tokens) * s.heads * s.head_dim, "queries")?;
+        need(
+            out,
+            (s.row0 + s.tokens) * s.heads * s.value_dim,
+            "attention outputs",
+        )?;
         let positions = s.start_pos + s.tokens;
         need(k_cache, positions * s.kv_width, "cached keys")?;
         need(v_cache, positions * s.kv_width, "cached values")?;
         let kv_heads = s.heads / s.group.max(1);
         if s.head_dim > MAX_HEAD
+            || s.value_dim > MAX_HEAD
             || s.group == 0
             || !s.heads.is_multiple_of(s.group)
-            || kv_heads * s.head_dim > s.kv_width
+            || kv_heads * s.head_dim.max(s.value_dim) > s.kv_width
         {
             return Err(shape(format!(
                 "attention of {} heads in groups of {} over {} values per position, heads of {}",
@@ -520,6 +579,7 @@ impl Recorder<'_> {
             s.window.map_or(0, |w| w.max(1) as u32),
             s.scale.to_bits(),
         ]);
+        p[8] = s.value_dim as u32;
         let groups = [s.heads as u32, s.tokens as u32, 1];
         self.kernel(
             Kernel::Attend,

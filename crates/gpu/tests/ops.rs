@@ -2,7 +2,7 @@
 //! rotary embedding, causal attention, products and copies in one submission) against plain
 //! CPU references, and attention's batch invariance. They need an adapter, as `matmul.rs` says.
 
-use strata_gpu::{AttendShape, Glu};
+use strata_gpu::{AttendShape, Glu, Rotation};
 
 mod common;
 use common::{gpu, Rng};
@@ -134,9 +134,17 @@ fn head_norms_and_rotations_match_the_cpu() {
             g.upload_tensor(&table).unwrap(),
         );
         let mut r = g.recorder();
-        let norm = normed.then_some((&wt, 1e-6f32));
-        r.norm_rope(&xt, tokens, heads, dh, norm, rope_dim, interleaved, &ct)
-            .unwrap();
+        // The norm over the whole head, the rotation of its last `rope_dim` values (its first
+        // for full rotations, as GQA rotates; the tail, as MLA's keys and queries are).
+        let norm = normed.then_some((&wt, dh, 1e-6f32));
+        let offset = dh - rope_dim;
+        let rope = Rotation {
+            offset,
+            dim: rope_dim,
+            interleaved,
+            cos_sin: &ct,
+        };
+        r.norm_rope(&xt, tokens, heads, dh, norm, Some(rope)).unwrap();
         let got = r.finish(&[(&xt, 0, x.len())]).unwrap();
         let mut want = x.clone();
         for (i, h) in want.chunks_exact_mut(dh).enumerate() {
@@ -145,7 +153,7 @@ fn head_norms_and_rotations_match_the_cpu() {
             }
             let t = i / heads;
             let cs = &table[t * rope_dim..(t + 1) * rope_dim];
-            rotate(&mut h[..rope_dim], &cs[..half], &cs[half..], interleaved);
+            rotate(&mut h[offset..], &cs[..half], &cs[half..], interleaved);
         }
         close(
             &got[0],
@@ -160,13 +168,14 @@ fn head_norms_and_rotations_match_the_cpu() {
 /// `first..=own` of the caches.
 fn attend_ref(q: &[f32], k: &[f32], v: &[f32], s: &AttendShape) -> Vec<f32> {
     let dh = s.head_dim;
-    let mut out = vec![0f32; s.tokens * s.heads * dh];
+    let mut out = vec![0f32; s.tokens * s.heads * s.value_dim];
     for i in 0..s.tokens {
         let n_pos = s.start_pos + i + 1;
         let first = s.window.map_or(0, |w| n_pos.saturating_sub(w));
         for h in 0..s.heads {
             let qh = &q[((s.row0 + i) * s.heads + h) * dh..][..dh];
             let col = (h / s.group) * dh;
+            let vcol = (h / s.group) * s.value_dim;
             let scores: Vec<f32> = (first..n_pos)
                 .map(|p| {
                     qh.iter()
@@ -179,10 +188,10 @@ fn attend_ref(q: &[f32], k: &[f32], v: &[f32], s: &AttendShape) -> Vec<f32> {
             let m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let e: Vec<f32> = scores.iter().map(|x| (x - m).exp()).collect();
             let sum: f32 = e.iter().sum();
-            let o = &mut out[(i * s.heads + h) * dh..][..dh];
+            let o = &mut out[(i * s.heads + h) * s.value_dim..][..s.value_dim];
             for (j, p) in (first..n_pos).enumerate() {
                 for (d, od) in o.iter_mut().enumerate() {
-                    *od += e[j] / sum * v[p * s.kv_width + col + d];
+                    *od += e[j] / sum * v[p * s.kv_width + vcol + d];
                 }
             }
         }
@@ -194,23 +203,32 @@ fn attend_ref(q: &[f32], k: &[f32], v: &[f32], s: &AttendShape) -> Vec<f32> {
 fn attention_matches_the_cpu_and_a_token_alone_its_batch() {
     let Some(g) = gpu() else { return };
     let mut rng = Rng(23);
-    // (heads, group, dh, kv_width, start_pos, tokens, window): GQA groups, a KV row wider than
-    // its heads (MLA's keys), more than one chunk of positions, a sliding window.
-    for (heads, group, dh, kv_width, start_pos, tokens, window) in [
-        (4, 2, 64, 128, 0, 5, None),
-        (2, 1, 128, 256, 300, 3, None),
-        (8, 8, 32, 40, 600, 2, Some(257)),
-        (1, 1, 16, 16, 0, 1, None),
+    // (heads, group, dh, value dim, kv_width, start_pos, tokens, window): GQA groups, a KV row
+    // wider than its heads, more than one chunk of positions, a sliding window, MLA's absorbed
+    // form (every head on one row of [latent | rope key], its values the latent part; keys and
+    // values one buffer).
+    for (heads, group, dh, dv, kv_width, start_pos, tokens, window) in [
+        (4, 2, 64, 64, 128, 0, 5, None),
+        (2, 1, 128, 128, 256, 300, 3, None),
+        (8, 8, 32, 32, 40, 600, 2, Some(257)),
+        (1, 1, 16, 16, 16, 0, 1, None),
+        (4, 4, 72, 64, 72, 9, 3, None),
     ] {
         let positions = start_pos + tokens;
         let row0 = 2;
+        let mla = dv != dh;
         let q: Vec<f32> = rng.f32s((row0 + tokens) * heads * dh);
         let k: Vec<f32> = rng.f32s(positions * kv_width).iter().map(|x| x * 3.0).collect();
-        let v: Vec<f32> = rng.f32s(positions * kv_width);
+        let v: Vec<f32> = if mla {
+            k.clone()
+        } else {
+            rng.f32s(positions * kv_width)
+        };
         let s = AttendShape {
             heads,
             group,
             head_dim: dh,
+            value_dim: dv,
             kv_width,
             row0,
             tokens,
@@ -223,10 +241,11 @@ fn attention_matches_the_cpu_and_a_token_alone_its_batch() {
             g.upload_tensor(&k).unwrap(),
             g.upload_tensor(&v).unwrap(),
         );
-        let out = g.tensor(q.len()).unwrap();
+        let out = g.tensor((row0 + tokens) * heads * dv).unwrap();
         let mut r = g.recorder();
-        r.attend(&out, &qt, &kt, &vt, &s).unwrap();
-        let row = heads * dh;
+        let vt = if mla { &kt } else { &vt };
+        r.attend(&out, &qt, &kt, vt, &s).unwrap();
+        let row = heads * dv;
         let got = r.finish(&[(&out, row0 * row, tokens * row)]).unwrap();
         let want = attend_ref(&q, &k, &v, &s);
         close(&got[0], &want, 2e-5, &format!("attention {s:?}"));
@@ -240,7 +259,7 @@ fn attention_matches_the_cpu_and_a_token_alone_its_batch() {
                 ..s
             };
             let mut r = g.recorder();
-            r.attend(&out, &qt, &kt, &vt, &alone).unwrap();
+            r.attend(&out, &qt, &kt, vt, &alone).unwrap();
             let one = r.finish(&[(&out, (row0 + i) * row, row)]).unwrap();
             assert_eq!(one[0], got[0][i * row..(i + 1) * row], "token {i} alone, {s:?}");
         }
@@ -329,4 +348,34 @@ fn gathers_scatters_and_row_gates_match_the_cpu() {
         r.scatter_add(&acc, &ye, &[(rows, 1.0)], dim).is_err(),
         "a row past the sums"
     );
+}
+
+#[test]
+fn per_head_products_match_the_cpu() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng(41);
+    // An absorbed MLA query: per head 40 outputs from the first 24 of 30 inputs, the other 6
+    // copied after them; and a plain per-head product.
+    for (tokens, heads, rows, cols, xs, extra) in [(3, 4, 40, 24, 30, 6), (2, 3, 17, 33, 33, 0)] {
+        let ys = rows + extra;
+        let m = rng.f32s(heads * rows * cols);
+        let x = rng.f32s(tokens * heads * xs);
+        let (mt, xt) = (g.upload_tensor(&m).unwrap(), g.upload_tensor(&x).unwrap());
+        let y = g.tensor(tokens * heads * ys).unwrap();
+        let mut r = g.recorder();
+        r.head_matvec(&mt, &xt, &y, tokens, heads, (rows, cols), (xs, ys), extra)
+            .unwrap();
+        let got = r.finish(&[(&y, 0, tokens * heads * ys)]).unwrap();
+        let mut want = vec![0f32; tokens * heads * ys];
+        for th in 0..tokens * heads {
+            let h = th % heads;
+            let xr = &x[th * xs..(th + 1) * xs];
+            for rr in 0..rows {
+                let mr = &m[(h * rows + rr) * cols..][..cols];
+                want[th * ys + rr] = mr.iter().zip(xr).map(|(a, b)| a * b).sum();
+            }
+            want[th * ys + rows..(th + 1) * ys].copy_from_slice(&xr[cols..cols + extra]);
+        }
+        close(&got[0], &want, 2e-6, &format!("per-head {rows}x{cols}"));
+    }
 }

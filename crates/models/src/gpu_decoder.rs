@@ -5,8 +5,8 @@
 //! sum comes up. So a dense layer crosses the bus zero times and a MoE layer once, where the
 //! per-product offload crossed it once per product.
 //!
-//! Grouped-query attention families without Block AttnRes run here (Qwen3-MoE, Qwen2-MoE,
-//! Mixtral, dense Llama/Qwen); the others, and runs that record a trace, take the CPU decoder
+//! Grouped-query and latent attention families without Block AttnRes run here (Qwen3-MoE,
+//! Qwen2-MoE, Mixtral, dense Llama/Qwen, DeepSeek-V3, Kimi K2); the others (KDA, AttnRes), and runs that record a trace, take the CPU decoder
 //! (whose products still go to the GPU one by one). `STRATA_GPU_LAYERS=0` turns it off.
 //!
 //! The CPU's cache stays the truth: each new key and value row is read back with the layer's
@@ -15,12 +15,13 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use strata_gpu::{AttendShape, Glu, Gpu, GpuTensor, Offload, Recorder};
+use strata_gpu::{AttendShape, Glu, Gpu, GpuTensor, Offload, Recorder, Rotation};
 use strata_kernels::Linear;
 
 use crate::decoder::{next_moe_input, Attention, Block, BlockRef, Decoder, Ffn, SeqInput};
 use crate::layers::attention::GqaAttention;
 use crate::layers::math::Activation;
+use crate::layers::mla::QueryProj;
 use crate::layers::rope::{Rope, RopeStyle};
 use crate::profile::{timed, PHASES};
 use crate::spine::Layer;
@@ -47,6 +48,9 @@ pub(crate) enum Role {
     VBias,
     OBias,
     Norm,
+    /// MLA's per-head absorbed matrices.
+    Uk,
+    Uv,
 }
 
 pub(crate) fn gpu_err(e: impl std::fmt::Display) -> ModelError {
@@ -55,13 +59,14 @@ pub(crate) fn gpu_err(e: impl std::fmt::Display) -> ModelError {
 
 /// New key and value rows of one sequence at one layer, read back at the next wait.
 pub(crate) struct KvRows {
-    seq: usize,
-    layer: usize,
-    k: Arc<GpuTensor>,
-    v: Arc<GpuTensor>,
-    /// Values of the rows in `k` and `v` (their first `len`).
-    at: usize,
-    len: usize,
+    pub(crate) seq: usize,
+    pub(crate) layer: usize,
+    pub(crate) k: Arc<GpuTensor>,
+    /// None: the layer caches no values (MLA).
+    pub(crate) v: Option<Arc<GpuTensor>>,
+    /// Where the rows are in `k` and `v`, and how many values they hold.
+    pub(crate) at: usize,
+    pub(crate) len: usize,
 }
 
 /// One forward pass's GPU work in progress.
@@ -69,7 +74,7 @@ pub(crate) struct Pass<'g> {
     pub(crate) gpu: &'g Gpu,
     off: &'static Offload,
     pub(crate) rec: Recorder<'g>,
-    kv: Vec<KvRows>,
+    pub(crate) kv: Vec<KvRows>,
     /// Tokens of the step (for the profile's spans).
     tokens: usize,
 }
@@ -133,14 +138,18 @@ impl<'g> Pass<'g> {
         let mut all: Vec<(&GpuTensor, usize, usize)> = reads.to_vec();
         for r in &kv {
             all.push((&r.k, r.at, r.len));
-            all.push((&r.v, r.at, r.len));
+            if let Some(v) = &r.v {
+                all.push((v, r.at, r.len));
+            }
         }
         let mut got = span("GPU submit and wait", self.tokens, || rec.finish(&all)).map_err(gpu_err)?;
-        let rows = got.split_off(reads.len());
-        for (r, kv_vals) in kv.iter().zip(rows.chunks_exact(2)) {
+        let mut rows = got.split_off(reads.len()).into_iter();
+        for r in &kv {
             let c = &mut batch[r.seq].cache.layers[r.layer];
-            c.k.extend_from_slice(&kv_vals[0]);
-            c.v.extend_from_slice(&kv_vals[1]);
+            c.k.extend_from_slice(&rows.next().unwrap_or_default());
+            if r.v.is_some() {
+                c.v.extend_from_slice(&rows.next().unwrap_or_default());
+            }
         }
         Ok(got)
     }
@@ -167,17 +176,32 @@ impl Decoder {
             return false;
         }
         let fits = |b: &Block| {
-            let Attention::Gqa(a) = &b.attn else {
-                return false;
+            let (mut lins, shapes_fit) = match &b.attn {
+                Attention::Gqa(a) => (
+                    vec![&a.q, &a.k, &a.v, &a.o],
+                    a.head_dim <= strata_gpu::MAX_HEAD
+                        && a.rope.dim <= a.head_dim
+                        && a.rope.dim.is_multiple_of(2),
+                ),
+                Attention::Mla(a) => {
+                    let mut lins = vec![&a.kv_a, &a.o];
+                    match &a.q {
+                        QueryProj::Direct(w) => lins.push(w),
+                        QueryProj::LowRank { a: qa, b: qb, .. } => lins.extend([qa, qb]),
+                    }
+                    let width = a.kv_lora + a.rope_dim;
+                    let rope_fits = a.rope.as_ref().is_none_or(|r| r.dim == a.rope_dim);
+                    (
+                        lins,
+                        a.gate.is_none() && width <= strata_gpu::MAX_HEAD && rope_fits,
+                    )
+                }
+                Attention::Kda(_) => return false,
             };
-            let mut lins = vec![&a.q, &a.k, &a.v, &a.o];
             if let Ffn::Dense(m) = &b.ffn {
                 lins.extend([&m.gate, &m.up, &m.down]);
             }
-            a.head_dim <= strata_gpu::MAX_HEAD
-                && a.rope.dim <= a.head_dim
-                && a.rope.dim.is_multiple_of(2)
-                && lins.iter().all(|l| off.supports(l))
+            shapes_fit && lins.iter().all(|l| off.supports(l))
         };
         let mut streamed_seen = false;
         for (l, layer) in self.layers.iter().enumerate() {
@@ -217,6 +241,26 @@ impl Decoder {
         Ok(t)
     }
 
+    /// Two tensors of layer `l` made by `make` at their first use, kept like the vectors.
+    pub(crate) fn gpu_tensors(
+        &self,
+        gpu: &Gpu,
+        layer: usize,
+        (ra, rb): (Role, Role),
+        make: impl FnOnce() -> (Vec<f32>, Vec<f32>),
+    ) -> Result<(Arc<GpuTensor>, Arc<GpuTensor>)> {
+        let mut kept = self.gpu.vectors.lock().unwrap_or_else(|e| e.into_inner());
+        if let (Some(a), Some(b)) = (kept.get(&(layer, ra)), kept.get(&(layer, rb))) {
+            return Ok((a.clone(), b.clone()));
+        }
+        let (a, b) = make();
+        let a = Arc::new(gpu.upload_tensor(&a).map_err(gpu_err)?);
+        let b = Arc::new(gpu.upload_tensor(&b).map_err(gpu_err)?);
+        kept.insert((layer, ra), a.clone());
+        kept.insert((layer, rb), b.clone());
+        Ok((a, b))
+    }
+
     /// [`crate::Model::forward`] on the GPU (see the module); `x` is the embedded rows (T, D).
     pub(crate) fn forward_gpu(
         &self,
@@ -246,21 +290,33 @@ impl Decoder {
                         BlockRef::Streamed(streamed)
                     }
                 };
-                let Attention::Gqa(attn) = &block.attn else {
-                    return Err(gpu_err(format!("layer {l}: not grouped-query attention")));
+                let rope = match &block.attn {
+                    Attention::Gqa(a) => Some(&a.rope),
+                    Attention::Mla(a) => a.rope.as_ref(),
+                    Attention::Kda(_) => return Err(gpu_err(format!("layer {l}: KDA is not on the GPU"))),
                 };
-                let table = match tables.iter().position(|(r, _)| same_rope(r, &attn.rope)) {
-                    Some(i) => i,
-                    None => {
-                        let t = rope_table(gpu, &attn.rope, batch)?;
-                        tables.push((attn.rope.clone(), t));
-                        tables.len() - 1
-                    }
+                let table = match rope {
+                    Some(rope) => Some(match tables.iter().position(|(r, _)| same_rope(r, rope)) {
+                        Some(i) => i,
+                        None => {
+                            tables.push((rope.clone(), rope_table(gpu, rope, batch)?));
+                            tables.len() - 1
+                        }
+                    }),
+                    None => None,
                 };
+                let table = table.map(|i| &tables[i].1);
                 let h = pass.tensor(n_tokens * d)?;
                 let w = self.gpu_vector(gpu, l, Role::AttnNorm, &block.attn_norm)?;
                 (pass.rec.rms_norm(&xt, 0, &w, &h, 0, n_tokens, d, self.eps)).map_err(gpu_err)?;
-                let a = self.attention_gpu(&mut pass, l, attn, &h, &tables[table].1, batch)?;
+                let a = match &block.attn {
+                    Attention::Gqa(attn) => {
+                        let table = table.ok_or_else(|| gpu_err("a rotation without its table"))?;
+                        self.attention_gpu(&mut pass, l, attn, &h, table, batch)?
+                    }
+                    Attention::Mla(attn) => self.mla_gpu(&mut pass, l, attn, &h, table, batch)?,
+                    Attention::Kda(_) => unreachable!("refused above"),
+                };
                 pass.rec
                     .add(&xt, n_tokens * d, &a, n_tokens * d)
                     .map_err(gpu_err)?;
@@ -313,7 +369,12 @@ impl Decoder {
                 (pass.rec.add(t, n_tokens * bias.len(), &bt, bias.len())).map_err(gpu_err)?;
             }
         }
-        let interleaved = attn.rope.style == RopeStyle::Interleaved;
+        let rope = Rotation {
+            offset: 0,
+            dim: attn.rope.dim,
+            interleaved: attn.rope.style == RopeStyle::Interleaved,
+            cos_sin: table,
+        };
         for (t, n, norm, role) in [
             (&q, heads, &attn.q_norm, Role::QNorm),
             (&*k, kv_heads, &attn.k_norm, Role::KNorm),
@@ -322,24 +383,29 @@ impl Decoder {
                 Some(w) => Some(self.gpu_vector(gpu, l, role, w)?),
                 None => None,
             };
-            let norm = w.as_deref().map(|w| (w, attn.eps));
-            (pass
-                .rec
-                .norm_rope(t, n_tokens, n, dh, norm, attn.rope.dim, interleaved, table))
-            .map_err(gpu_err)?;
+            let norm = w.as_deref().map(|w| (w, dh, attn.eps));
+            (pass.rec.norm_rope(t, n_tokens, n, dh, norm, Some(rope))).map_err(gpu_err)?;
         }
         let out = pass.tensor(n_tokens * heads * dh)?;
         let mut row = 0;
         for (i, seq) in batch.iter_mut().enumerate() {
             let n = seq.tokens.len();
             let start = seq.cache.len;
-            let m = mirror(gpu, &mut pass.rec, &mut seq.cache.layers[l], width, start, n)?;
+            let m = mirror(
+                gpu,
+                &mut pass.rec,
+                &mut seq.cache.layers[l],
+                (width, width),
+                start,
+                n,
+            )?;
             (pass.rec.copy(&k, row * width, &m.k, start * width, n * width)).map_err(gpu_err)?;
             (pass.rec.copy(&v, row * width, &m.v, start * width, n * width)).map_err(gpu_err)?;
             let shape = AttendShape {
                 heads,
                 group: heads / kv_heads,
                 head_dim: dh,
+                value_dim: dh,
                 kv_width: width,
                 row0: row,
                 tokens: n,
@@ -352,7 +418,7 @@ impl Decoder {
                 seq: i,
                 layer: l,
                 k: k.clone(),
-                v: v.clone(),
+                v: Some(v.clone()),
                 at: row * width,
                 len: n * width,
             });
@@ -484,18 +550,19 @@ fn rope_table(gpu: &Gpu, rope: &Rope, batch: &[SeqInput<'_>]) -> Result<GpuTenso
 /// Layer cache `c`'s GPU copy with room for `n` more positions after `start` (rows of `width`),
 /// made anew from the CPU rows when it is missing, shared or out of step; counted as holding
 /// `start + n` (the recorded copies write them).
-fn mirror<'c>(
+pub(crate) fn mirror<'c>(
     gpu: &Gpu,
     rec: &mut Recorder<'_>,
     c: &'c mut LayerCache,
-    width: usize,
+    (width, v_width): (usize, usize),
     start: usize,
     n: usize,
 ) -> Result<&'c KvMirror> {
-    if c.k.len() != start * width || c.v.len() != start * width {
+    if c.k.len() != start * width || c.v.len() != start * v_width {
         return Err(gpu_err(format!(
-            "a KV cache of {} values where {start} positions of {width} are due",
-            c.k.len()
+            "a KV cache of {} keys and {} values where {start} positions of {width} and {v_width} are due",
+            c.k.len(),
+            c.v.len()
         )));
     }
     let in_step = match c.gpu.0.as_mut() {
@@ -504,7 +571,7 @@ fn mirror<'c>(
     };
     if !in_step {
         let cap = (start + n).max(64).next_power_of_two();
-        let (k, v) = (gpu.tensor(cap * width), gpu.tensor(cap * width));
+        let (k, v) = (gpu.tensor(cap * width), gpu.tensor(cap * v_width));
         let (k, v) = (k.map_err(gpu_err)?, v.map_err(gpu_err)?);
         gpu.write_tensor(&k, 0, &c.k).map_err(gpu_err)?;
         gpu.write_tensor(&v, 0, &c.v).map_err(gpu_err)?;
@@ -518,10 +585,10 @@ fn mirror<'c>(
     let m = Arc::get_mut(c.gpu.0.as_mut().expect("made above")).expect("not shared");
     if start + n > m.cap {
         let cap = (start + n).next_power_of_two();
-        let (k, v) = (gpu.tensor(cap * width), gpu.tensor(cap * width));
+        let (k, v) = (gpu.tensor(cap * width), gpu.tensor(cap * v_width));
         let (k, v) = (k.map_err(gpu_err)?, v.map_err(gpu_err)?);
         rec.copy(&m.k, 0, &k, 0, start * width).map_err(gpu_err)?;
-        rec.copy(&m.v, 0, &v, 0, start * width).map_err(gpu_err)?;
+        rec.copy(&m.v, 0, &v, 0, start * v_width).map_err(gpu_err)?;
         (m.k, m.v, m.cap) = (k, v, cap);
     }
     m.synced = start + n;

@@ -14,6 +14,7 @@ mod cache;
 mod decoder;
 mod error;
 mod gpu_decoder;
+mod gpu_mla;
 mod gpu_moe;
 mod info;
 pub mod layers;

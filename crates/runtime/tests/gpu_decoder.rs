@@ -1,4 +1,4 @@
-//! The GPU decoder (`--device gpu` on grouped-query attention families): a layer's work in one
+//! The GPU decoder (`--device gpu` on grouped-query and latent attention families): a layer's work in one
 //! submission over a GPU copy of the KV cache. A prompt in pieces gives the bits of the whole,
 //! a batch each sequence's bits alone, a cut or cloned cache the bits of a fresh one, whatever
 //! state the GPU copies were left in. Here the routed experts run on the GPU too

@@ -113,10 +113,11 @@ fn glu(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l:
 
 var<workgroup> head: array<f32, 1024>;
 
-// One head of one token, in place in `a` (rows of p0 heads x p1 values): RMSNorm with the
-// weights in b when p3 = 1 (eps bits p4), then the rotation of its first p2 values by the cos and
-// sin of its token's position (c: per token p2 / 2 cosines then p2 / 2 sines); p5 = 0 NeoX
-// halves, 1 interleaved pairs. Workgroup x: head, y: token.
+// One head of one token, in place in `a` (rows of p0 heads x p1 values): RMSNorm of its first
+// p3 values with the weights in b (eps bits p4; p3 = 0: none), then the rotation of the p2
+// values from p6 by the cos and sin of its token's position (c: per token p2 / 2 cosines then
+// p2 / 2 sines; p2 = 0: none); p5 = 0 NeoX halves, 1 interleaved pairs. Workgroup x: head, y:
+// token.
 @compute @workgroup_size(128)
 fn norm_rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l: u32) {
     let dh = prm.p1;
@@ -125,36 +126,39 @@ fn norm_rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
         head[i] = a[base + i];
     }
     workgroupBarrier();
-    if (prm.p3 == 1u) {
+    let nl = prm.p3;
+    if (nl > 0u) {
         var ss = 0.0;
-        for (var i = l; i < dh; i += WG) {
+        for (var i = l; i < nl; i += WG) {
             ss = fma(head[i], head[i], ss);
         }
-        let inv = 1.0 / sqrt(tree_sum(l, ss) / f32(dh) + bitcast<f32>(prm.p4));
-        for (var i = l; i < dh; i += WG) {
+        let inv = 1.0 / sqrt(tree_sum(l, ss) / f32(nl) + bitcast<f32>(prm.p4));
+        for (var i = l; i < nl; i += WG) {
             head[i] = b[i] * (head[i] * inv);
         }
         workgroupBarrier();
     }
     let half = prm.p2 / 2u;
     let cs = wg.y * prm.p2;
+    let r0 = prm.p6;
     for (var i = l; i < dh; i += WG) {
         var v = head[i];
-        if (i < prm.p2) {
+        if (i >= r0 && i < r0 + prm.p2) {
+            let k = i - r0;
             if (prm.p5 == 0u) {
-                let j = i % half;
+                let j = k % half;
                 let cos = c[cs + j];
                 let sin = c[cs + half + j];
-                if (i < half) {
+                if (k < half) {
                     v = head[i] * cos - head[i + half] * sin;
                 } else {
                     v = head[i] * cos + head[i - half] * sin;
                 }
             } else {
-                let j = i / 2u;
+                let j = k / 2u;
                 let cos = c[cs + j];
                 let sin = c[cs + half + j];
-                if (i % 2u == 0u) {
+                if (k % 2u == 0u) {
                     v = head[i] * cos - head[i + 1u] * sin;
                 } else {
                     v = head[i] * cos + head[i - 1u] * sin;
@@ -165,20 +169,50 @@ fn norm_rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
     }
 }
 
+// Per head h of each token t: y[(t * p0 + h) * p4 + r] = sum_j M[(h * p1 + r) * p2 + j] *
+// x[(t * p0 + h) * p3 + j] for r < p1 (M in d, x in b, y in a), then the p5 values of x after
+// its first p2 copied after the p1 outputs. An absorbed MLA head's query (W_uk^T q_nope, then
+// q_rope) and its value projection (W_uv o_latent). Workgroup x: head, y: token.
+@compute @workgroup_size(128)
+fn head_matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l: u32) {
+    let th = wg.y * prm.p0 + wg.x;
+    let xs = th * prm.p3;
+    let ys = th * prm.p4;
+    let n = prm.p2;
+    for (var j = l; j < n; j += WG) {
+        head[j] = b[xs + j];
+    }
+    workgroupBarrier();
+    for (var r = l; r < prm.p1; r += WG) {
+        let m0 = (wg.x * prm.p1 + r) * n;
+        var s = 0.0;
+        for (var j = 0u; j < n; j++) {
+            s = fma(d[m0 + j], head[j], s);
+        }
+        a[ys + r] = s;
+    }
+    for (var i = l; i < prm.p5; i += WG) {
+        a[ys + prm.p1 + i] = b[xs + n + i];
+    }
+}
+
 const CHUNK: u32 = 256u;
 var<workgroup> scores: array<f32, 256>;
 
 // Causal attention of one query head of one token (workgroup x: head, y: the token's index in
 // its sequence) over the sequence's cached keys (c) and values (d), rows of p3 values, the head's
-// KV columns from (head / p1) * p2. Queries in b and outputs in a: rows of p0 heads x p2 values,
-// the sequence's first at row p4; its first new token at position p5; p6 > 0: only the last p6
+// key columns from (head / p1) * p2 and its p8 value columns from (head / p1) * p8. Queries in b
+// (rows of p0 heads x p2 values) and outputs in a (rows of p0 heads x p8), the sequence's first
+// at row p4; its first new token at position p5; p6 > 0: only the last p6
 // positions are seen; p7: the score scale's bits. Positions go in chunks of 256 (scores, their
 // max and sum in a fixed tree; the values' sums rescaled to each chunk's running max), so the
 // result depends only on the head's own query and cache.
 @compute @workgroup_size(128)
 fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l: u32) {
     let dh = prm.p2;
+    let dv = prm.p8;
     let qrow = (prm.p4 + wg.y) * prm.p0 * dh + wg.x * dh;
+    let orow = (prm.p4 + wg.y) * prm.p0 * dv + wg.x * dv;
     for (var i = l; i < dh; i += WG) {
         head[i] = b[qrow + i];
     }
@@ -189,6 +223,7 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         first = n_pos - prm.p6;
     }
     let col = (wg.x / prm.p1) * dh;
+    let vcol = (wg.x / prm.p1) * dv;
     let width = prm.p3;
     let scale = bitcast<f32>(prm.p7);
     var m = -3.0e38;
@@ -218,10 +253,10 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         sum = sum * r + tree_sum(l, lsum);
         for (var k = 0u; k < 8u; k++) {
             let i = l + k * WG;
-            if (i < dh) {
+            if (i < dv) {
                 var s = acc[k] * r;
                 for (var j = 0u; j < n; j++) {
-                    s = fma(scores[j], d[(p0 + j) * width + col + i], s);
+                    s = fma(scores[j], d[(p0 + j) * width + vcol + i], s);
                 }
                 acc[k] = s;
             }
@@ -231,8 +266,8 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     }
     for (var k = 0u; k < 8u; k++) {
         let i = l + k * WG;
-        if (i < dh) {
-            a[qrow + i] = acc[k] / sum;
+        if (i < dv) {
+            a[orow + i] = acc[k] / sum;
         }
     }
 }

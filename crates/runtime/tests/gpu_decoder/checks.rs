@@ -45,7 +45,7 @@ fn pieces_batches_and_cut_or_cloned_caches_give_the_bits_of_a_fresh_pass() {
     if !gpu() {
         return;
     }
-    for name in ["qwen3-moe-tiny", "mixtral-tiny"] {
+    for name in ["qwen3-moe-tiny", "mixtral-tiny", "deepseek-v3-tiny", "kimi-k2-tiny-int4"] {
         let engine = Engine::load(&fixture(name), &LoadOptions::default()).unwrap();
         let g = golden(name);
         let ids = as_u32s(&g["prompts"][0]["ids"]);
