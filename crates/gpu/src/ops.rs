@@ -712,14 +712,27 @@ impl Recorder<'_> {
         for &(t, at, n) in reads {
             need(t, at + n, "read back")?;
         }
+        let t_rec = strata_kernels::profile::enabled().then(std::time::Instant::now);
         let bytes = self.params();
         let use_p = wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST;
         let params = g.pooled((bytes.len() as u64).next_power_of_two(), use_p, "ops params");
         g.queue.write_buffer(&params, 0, &bytes);
         let mut enc = g.device.create_command_encoder(&Default::default());
+        // Runs of dispatches share one compute pass (a pass costs more to track than its
+        // dispatches); copies and clears go between passes.
         let mut slot = 0u64;
-        for op in &self.ops {
-            slot += self.record(&mut enc, op, &params, slot);
+        let mut i = 0;
+        while i < self.ops.len() {
+            if let Op::Copy { .. } | Op::Clear(_) = self.ops[i] {
+                self.record_transfer(&mut enc, &self.ops[i]);
+                i += 1;
+                continue;
+            }
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            while let Some(op @ (Op::Matmul { .. } | Op::Kernel { .. })) = self.ops.get(i) {
+                slot += self.record(&mut pass, op, &params, slot);
+                i += 1;
+            }
         }
         let total: usize = reads.iter().map(|r| r.2).sum();
         let use_s = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
@@ -735,7 +748,12 @@ impl Recorder<'_> {
             }
             at += (n * 4) as u64;
         }
+        let t_sub = strata_kernels::profile::enabled().then(std::time::Instant::now);
         let all = g.read_back_copied(enc, &staging, total);
+        if let (Some(a), Some(b)) = (t_rec, t_sub) {
+            strata_kernels::profile::record("GPU: recording ops", 1, b - a);
+            strata_kernels::profile::record("GPU: submit, run, read back", 1, b.elapsed());
+        }
         Pool::put(&g.pool, params);
         Pool::put(&g.pool, staging);
         let all = all?;
@@ -770,7 +788,7 @@ impl Recorder<'_> {
     }
 
     /// Records `op` with its parameters from `slot`; returns the slots it took.
-    fn record(&self, enc: &mut wgpu::CommandEncoder, op: &Op, params: &wgpu::Buffer, slot: u64) -> u64 {
+    fn record(&self, pass: &mut wgpu::ComputePass<'_>, op: &Op, params: &wgpu::Buffer, slot: u64) -> u64 {
         let g = self.gpu;
         match op {
             Op::Matmul {
@@ -787,7 +805,7 @@ impl Recorder<'_> {
                     .iter()
                     .map(|w| g.matmul_bind_at(w, (x, (0, *x_bytes)), (y, (0, *y_bytes)), params))
                     .collect();
-                g.record_at(enc, *format, *tile, ds, &binds, slot);
+                g.record_in(pass, *format, *tile, ds, &binds, slot);
                 ds.len() as u64
             }
             Op::Kernel { k, bufs, groups, .. } => {
@@ -813,26 +831,27 @@ impl Recorder<'_> {
                     layout: &o.layout,
                     entries: &entries,
                 });
-                let mut pass = enc.begin_compute_pass(&Default::default());
                 pass.set_pipeline(o.pipeline(&g.device, *k));
                 pass.set_bind_group(0, &bind, &[(slot * PARAMS_STRIDE) as u32]);
                 pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
                 1
             }
+            Op::Copy { .. } | Op::Clear(_) => unreachable!("recorded between passes"),
+        }
+    }
+
+    /// Records a copy or a clear.
+    fn record_transfer(&self, enc: &mut wgpu::CommandEncoder, op: &Op) {
+        match op {
             Op::Copy {
                 src,
                 src_off,
                 dst,
                 dst_off,
                 bytes,
-            } => {
-                enc.copy_buffer_to_buffer(src, *src_off, dst, *dst_off, *bytes);
-                0
-            }
-            Op::Clear(buf) => {
-                enc.clear_buffer(buf, 0, None);
-                0
-            }
+            } => enc.copy_buffer_to_buffer(src, *src_off, dst, *dst_off, *bytes),
+            Op::Clear(buf) => enc.clear_buffer(buf, 0, None),
+            Op::Matmul { .. } | Op::Kernel { .. } => unreachable!("recorded in a pass"),
         }
     }
 }

@@ -365,6 +365,19 @@ impl Gpu {
         slot0: u64,
     ) {
         let mut pass = enc.begin_compute_pass(&Default::default());
+        self.record_in(&mut pass, format, tile, ds, binds, slot0);
+    }
+
+    /// [`Gpu::record_at`] into an open pass.
+    pub(crate) fn record_in(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        format: WeightFormat,
+        tile: Tile,
+        ds: &[Dispatch],
+        binds: &[wgpu::BindGroup],
+        slot0: u64,
+    ) {
         pass.set_pipeline(self.matmul_pipeline(format, tile));
         for (i, (d, bind)) in ds.iter().zip(binds).enumerate() {
             pass.set_bind_group(0, bind, &[((slot0 + i as u64) * PARAMS_STRIDE) as u32]);

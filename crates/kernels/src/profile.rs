@@ -89,7 +89,12 @@ pub fn span<T>(name: &'static str, tokens: usize, f: impl FnOnce() -> T) -> T {
     }
     let t0 = Instant::now();
     let out = f();
-    let ns = t0.elapsed().as_nanos() as u64;
+    record(name, tokens, t0.elapsed());
+    out
+}
+
+/// Adds `took` to span `name`'s row (for spans whose parts are timed apart).
+pub fn record(name: &'static str, tokens: usize, took: std::time::Duration) {
     add(
         Key {
             what: name.to_string(),
@@ -98,12 +103,11 @@ pub fn span<T>(name: &'static str, tokens: usize, f: impl FnOnce() -> T) -> T {
         },
         Stat {
             calls: 1,
-            ns,
+            ns: took.as_nanos() as u64,
             bytes: 0,
             tokens: tokens as u64,
         },
     );
-    out
 }
 
 /// Every row so far.
