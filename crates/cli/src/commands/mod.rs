@@ -36,10 +36,13 @@ pub struct Cli {
     /// (or RAYON_NUM_THREADS when set).
     #[arg(long, short = 't', global = true, value_name = "N")]
     threads: Option<usize>,
-    /// Where the non-expert weights' matrix products run: cpu, auto (a discrete GPU when there
-    /// is one, else the CPU), or gpu (any Vulkan or Metal adapter, software ones included).
-    /// Routed experts stay on the CPU unless --gpu-experts. The GPU backend is new and not yet
-    /// faster than the CPU kernels on prompts (docs/PERFORMANCE.md), so the default stays cpu.
+    /// Where the model computes: cpu, auto (a discrete GPU when there is one, else the CPU), or
+    /// gpu (any Vulkan or Metal adapter, software ones included). On a GPU, grouped-query and
+    /// latent attention models (Qwen3-MoE, Mixtral, DeepSeek-V3, Kimi K2, dense Llama/Qwen) run
+    /// each layer there, the KV cache copied there too; the others send the non-expert weights'
+    /// products. Routed experts stay on the CPU unless --gpu-experts. The GPU backend is new
+    /// and not yet reliably faster than the CPU kernels (docs/PERFORMANCE.md), so the default
+    /// stays cpu.
     #[arg(
         long,
         global = true,
