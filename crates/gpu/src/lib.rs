@@ -11,6 +11,7 @@
 mod matrix;
 mod offload;
 mod ops;
+mod ops_state;
 mod packed;
 mod product;
 mod read;
@@ -196,9 +197,11 @@ pub struct Gpu {
     /// Storage bindings start at multiples of this (bytes).
     storage_align: u64,
     /// The layer kernels' pipelines (`ops`).
-    ops: ops::Pipelines,
+    ops: ops_state::Pipelines,
     /// Buffers of tensors no longer used.
-    pool: Arc<Mutex<ops::Pool>>,
+    pool: Arc<Mutex<ops_state::Pool>>,
+    /// The layer kernels' parameter buffer and the bind groups kept with it.
+    binds: Mutex<ops_state::BindCache>,
 }
 
 impl Gpu {
@@ -237,7 +240,7 @@ impl Gpu {
         };
         let read = pipeline(&device, "read", include_str!("shaders/read.wgsl"));
         let matmul_layout = product::matmul_layout(&device);
-        let ops = ops::Pipelines::new(&device);
+        let ops = ops_state::Pipelines::new(&device);
         let matmul_pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
             label: Some("matmul"),
             bind_group_layouts: &[Some(&matmul_layout)],
@@ -259,6 +262,7 @@ impl Gpu {
             storage_align: u64::from(limits.min_storage_buffer_offset_alignment),
             ops,
             pool: Arc::default(),
+            binds: Mutex::default(),
         })
     }
 

@@ -5,67 +5,23 @@
 //! product. The kernels are in `shaders/ops.wgsl`; each has the CPU's implementation as its
 //! reference (`tests/ops.rs`).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
 use crate::matrix::{le_bytes, u32_of, GpuMatrix, Tile, WeightFormat, MAX_GROUPS};
-use crate::product::{dispatches, storage, Dispatch, PARAMS_STRIDE};
+use crate::ops_state::{BindCache, Kernel, Pool, Pooled, OPS_PARAMS};
+use crate::product::{dispatches, Dispatch, PARAMS_STRIDE};
 use crate::{Gpu, GpuError};
 
 /// Invocations per workgroup of the kernels (`WG` in the shader).
 const WG: usize = 128;
 /// The longest head (or RMSNorm row in `norm_rope`) the kernels hold: 1024 values.
 pub const MAX_HEAD: usize = 1024;
-const OPS_PARAMS: u64 = 64;
 
 /// f32 values in GPU memory. Its buffer goes back to its GPU's pool when neither the tensor nor
 /// a recorder that uses it holds it any more, for the next tensor of its size.
 pub struct GpuTensor {
     inner: Arc<Pooled>,
     len: usize,
-}
-
-/// Buffers no longer used, by (bytes, usage), up to [`POOL_MAX`] bytes: making a buffer and
-/// its first-use clearing cost more than many a layer's kernel.
-#[derive(Default)]
-pub(crate) struct Pool {
-    free: HashMap<(u64, u32), Vec<wgpu::Buffer>>,
-    bytes: u64,
-}
-
-/// Bytes of unused buffers a pool keeps.
-const POOL_MAX: u64 = 1 << 30;
-
-impl Pool {
-    fn take(pool: &Mutex<Pool>, bytes: u64, usage: wgpu::BufferUsages) -> Option<wgpu::Buffer> {
-        let mut p = pool.lock().unwrap_or_else(|e| e.into_inner());
-        let b = p.free.get_mut(&(bytes, usage.bits()))?.pop()?;
-        p.bytes -= bytes;
-        Some(b)
-    }
-
-    fn put(pool: &Mutex<Pool>, buf: wgpu::Buffer) {
-        let mut p = pool.lock().unwrap_or_else(|e| e.into_inner());
-        let bytes = buf.size();
-        if p.bytes + bytes <= POOL_MAX {
-            p.bytes += bytes;
-            p.free.entry((bytes, buf.usage().bits())).or_default().push(buf);
-        }
-    }
-}
-
-/// A pooled buffer, back to its pool when dropped.
-struct Pooled {
-    buf: Option<wgpu::Buffer>,
-    pool: Arc<Mutex<Pool>>,
-}
-
-impl Drop for Pooled {
-    fn drop(&mut self) {
-        if let Some(b) = self.buf.take() {
-            Pool::put(&self.pool, b);
-        }
-    }
 }
 
 impl GpuTensor {
@@ -120,105 +76,6 @@ pub struct AttendShape {
     /// Only the last `window` positions are seen (a sliding window); None: all.
     pub window: Option<usize>,
     pub scale: f32,
-}
-
-#[derive(Clone, Copy)]
-enum Kernel {
-    RmsNorm,
-    Add,
-    Glu,
-    NormRope,
-    Attend,
-    Gather,
-    ScatterAdd,
-    ScaleSigmoid,
-    HeadMatvec,
-}
-
-impl Kernel {
-    fn entry(self) -> &'static str {
-        match self {
-            Kernel::RmsNorm => "rms_norm",
-            Kernel::Add => "add",
-            Kernel::Glu => "glu",
-            Kernel::NormRope => "norm_rope",
-            Kernel::Attend => "attend",
-            Kernel::Gather => "gather",
-            Kernel::ScatterAdd => "scatter_add",
-            Kernel::ScaleSigmoid => "scale_sigmoid",
-            Kernel::HeadMatvec => "head_matvec",
-        }
-    }
-}
-
-/// The kernels' layout and pipelines (made at first use), and a buffer for unused bindings.
-pub(crate) struct Pipelines {
-    layout: wgpu::BindGroupLayout,
-    pipeline_layout: wgpu::PipelineLayout,
-    module: OnceLock<wgpu::ShaderModule>,
-    pipes: [OnceLock<wgpu::ComputePipeline>; 9],
-    unused: wgpu::Buffer,
-}
-
-impl Pipelines {
-    pub(crate) fn new(device: &wgpu::Device) -> Pipelines {
-        let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-            label: Some("ops"),
-            entries: &[
-                storage(0, false),
-                storage(1, true),
-                storage(2, true),
-                storage(3, true),
-                wgpu::BindGroupLayoutEntry {
-                    binding: 4,
-                    visibility: wgpu::ShaderStages::COMPUTE,
-                    ty: wgpu::BindingType::Buffer {
-                        ty: wgpu::BufferBindingType::Uniform,
-                        has_dynamic_offset: true,
-                        min_binding_size: wgpu::BufferSize::new(OPS_PARAMS),
-                    },
-                    count: None,
-                },
-            ],
-        });
-        let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-            label: Some("ops"),
-            bind_group_layouts: &[Some(&layout)],
-            immediate_size: 0,
-        });
-        let unused = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("unused binding"),
-            size: 16,
-            usage: wgpu::BufferUsages::STORAGE,
-            mapped_at_creation: false,
-        });
-        Pipelines {
-            layout,
-            pipeline_layout,
-            module: OnceLock::new(),
-            pipes: Default::default(),
-            unused,
-        }
-    }
-
-    fn pipeline(&self, device: &wgpu::Device, k: Kernel) -> &wgpu::ComputePipeline {
-        self.pipes[k as usize].get_or_init(|| {
-            let module = self.module.get_or_init(|| {
-                device.create_shader_module(wgpu::ShaderModuleDescriptor {
-                    label: Some("ops"),
-                    source: wgpu::ShaderSource::Wgsl(include_str!("shaders/ops.wgsl").into()),
-                })
-            });
-            device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some(k.entry()),
-                layout: Some(&self.pipeline_layout),
-                module,
-                entry_point: Some(k.entry()),
-                compilation_options: Default::default(),
-                cache: None,
-            })
-        })
-    }
 }
 
 enum Op {
@@ -714,8 +571,10 @@ impl Recorder<'_> {
         }
         let t_rec = strata_kernels::profile::enabled().then(std::time::Instant::now);
         let bytes = self.params();
-        let use_p = wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST;
-        let params = g.pooled((bytes.len() as u64).next_power_of_two(), use_p, "ops params");
+        // One parameter buffer for every submission (grown when one needs more), so the bind
+        // groups that name it can be kept; held for the whole submission.
+        let mut binds = g.binds.lock().unwrap_or_else(|e| e.into_inner());
+        let params = binds.params(&g.device, bytes.len() as u64);
         g.queue.write_buffer(&params, 0, &bytes);
         let mut enc = g.device.create_command_encoder(&Default::default());
         // Runs of dispatches share one compute pass (a pass costs more to track than its
@@ -730,7 +589,7 @@ impl Recorder<'_> {
             }
             let mut pass = enc.begin_compute_pass(&Default::default());
             while let Some(op @ (Op::Matmul { .. } | Op::Kernel { .. })) = self.ops.get(i) {
-                slot += self.record(&mut pass, op, &params, slot);
+                slot += self.record(&mut pass, op, &params, slot, &mut binds);
                 i += 1;
             }
         }
@@ -754,7 +613,7 @@ impl Recorder<'_> {
             strata_kernels::profile::record("GPU: recording ops", 1, b - a);
             strata_kernels::profile::record("GPU: submit, run, read back", 1, b.elapsed());
         }
-        Pool::put(&g.pool, params);
+        drop(binds);
         Pool::put(&g.pool, staging);
         let all = all?;
         let mut out = Vec::with_capacity(reads.len());
@@ -788,7 +647,14 @@ impl Recorder<'_> {
     }
 
     /// Records `op` with its parameters from `slot`; returns the slots it took.
-    fn record(&self, pass: &mut wgpu::ComputePass<'_>, op: &Op, params: &wgpu::Buffer, slot: u64) -> u64 {
+    fn record(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        op: &Op,
+        params: &wgpu::Buffer,
+        slot: u64,
+        kept: &mut BindCache,
+    ) -> u64 {
         let g = self.gpu;
         match op {
             Op::Matmul {
@@ -803,7 +669,12 @@ impl Recorder<'_> {
             } => {
                 let binds: Vec<wgpu::BindGroup> = chunks
                     .iter()
-                    .map(|w| g.matmul_bind_at(w, (x, (0, *x_bytes)), (y, (0, *y_bytes)), params))
+                    .map(|w| {
+                        let key = [Some((w, 0)), Some((x, *x_bytes)), Some((y, *y_bytes)), None];
+                        kept.get(0, key, || {
+                            g.matmul_bind_at(w, (x, (0, *x_bytes)), (y, (0, *y_bytes)), params)
+                        })
+                    })
                     .collect();
                 g.record_in(pass, *format, *tile, ds, &binds, slot);
                 ds.len() as u64
@@ -826,10 +697,13 @@ impl Recorder<'_> {
                         }),
                     }))
                     .collect();
-                let bind = g.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                    label: None,
-                    layout: &o.layout,
-                    entries: &entries,
+                let key = bufs.each_ref().map(|b| b.as_ref().map(|b| (b, 0)));
+                let bind = kept.get(1, key, || {
+                    g.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                        label: None,
+                        layout: &o.layout,
+                        entries: &entries,
+                    })
                 });
                 pass.set_pipeline(o.pipeline(&g.device, *k));
                 pass.set_bind_group(0, &bind, &[(slot * PARAMS_STRIDE) as u32]);
