@@ -6,8 +6,9 @@
 //! per-product offload crossed it once per product.
 //!
 //! Grouped-query and latent attention families without Block AttnRes run here (Qwen3-MoE,
-//! Qwen2-MoE, Mixtral, dense Llama/Qwen, DeepSeek-V3, Kimi K2); the others (KDA, AttnRes), and runs that record a trace, take the CPU decoder
-//! (whose products still go to the GPU one by one). `STRATA_GPU_LAYERS=0` turns it off.
+//! Qwen2-MoE, Mixtral, dense Llama/Qwen, DeepSeek-V3, Kimi K2); the others (KDA, AttnRes), and
+//! runs that record a trace, take the CPU decoder (whose products still go to the GPU one by
+//! one). `STRATA_GPU_LAYERS=0` turns it off.
 //!
 //! The CPU's cache stays the truth: each new key and value row is read back with the layer's
 //! other results, and a GPU copy out of step with it is made anew from it.
