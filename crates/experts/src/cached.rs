@@ -299,9 +299,13 @@ impl CachedStore {
     }
 
     /// Reads every expert into the cache (`strata bench --compute-only`: tokens then read
-    /// nothing), telling `progress` (bytes so far, bytes in all) after each layer; an error
-    /// naming both sizes when the cache cannot hold them all.
-    pub fn load_all(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<(), BoxError> {
+    /// nothing), handing each to `each` and telling `progress` (bytes so far, bytes in all)
+    /// after each layer; an error naming both sizes when the cache cannot hold them all.
+    pub fn load_all(
+        &self,
+        progress: &mut dyn FnMut(u64, u64),
+        each: &mut dyn FnMut(&Expert),
+    ) -> Result<(), BoxError> {
         let s = &self.shared;
         let total: u64 = s.plans.values().map(|p| p.bytes).sum();
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
@@ -323,7 +327,7 @@ impl CachedStore {
         let mut done = 0;
         for (layer, mut ids) in layers {
             ids.sort_unstable();
-            self.get(layer, &ids)?;
+            self.get(layer, &ids)?.iter().for_each(|e| each(e));
             done += ids.iter().map(|&e| s.plans[&(layer, e)].bytes).sum::<u64>();
             progress(done, total);
         }

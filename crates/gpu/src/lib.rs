@@ -11,6 +11,7 @@
 mod matrix;
 mod offload;
 mod ops;
+mod ops_moe;
 mod ops_state;
 mod packed;
 mod product;
@@ -23,6 +24,7 @@ use std::sync::{Arc, Mutex};
 pub use matrix::{GpuMatrix, Tile, WeightFormat};
 pub use offload::Offload;
 pub use ops::{AttendShape, Glu, GpuTensor, Recorder, Rotation, MAX_HEAD};
+pub use ops_moe::Routing;
 
 /// What `--device` asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -279,6 +281,12 @@ impl Gpu {
     /// on any device).
     pub fn set_max_binding(&mut self, bytes: u64) {
         self.max_binding = bytes.clamp(4, self.binding_limit);
+    }
+
+    /// Sends every copy made so far (uploads wait for the next submission) and waits for them.
+    pub fn flush(&self) -> Result<(), GpuError> {
+        self.queue.submit([]);
+        self.wait("copying weights")
     }
 
     /// Waits for every submitted command; an error the device reported meanwhile fails it.

@@ -147,7 +147,18 @@ pub(crate) struct Chunk {
     pub buffer: wgpu::Buffer,
     /// Its bind group with the product buffers of generation `.0` (made once per generation).
     pub bind: std::sync::Mutex<Option<(u64, wgpu::BindGroup)>>,
+    /// Bind groups a [`crate::Recorder`] made for it, newest last: they name the chunk's buffer,
+    /// so they live and go with the matrix (a bind group in a shared cache would keep an evicted
+    /// expert's memory past its budget).
+    pub recorded: std::sync::Arc<std::sync::Mutex<Vec<(RecordedKey, wgpu::BindGroup)>>>,
 }
+
+/// The activation, output and parameter buffers of a recorded product's bind group, with the
+/// bytes bound of the first two.
+pub(crate) type RecordedKey = [(wgpu::Buffer, u64); 3];
+
+/// Recorded bind groups a chunk keeps (the oldest goes first).
+pub(crate) const RECORDED_MAX: usize = 8;
 
 impl GpuMatrix {
     pub fn rows(&self) -> usize {
@@ -181,10 +192,16 @@ pub(crate) struct MatmulParams {
     pub elem0: u32,
     pub s_off: u32,
     pub scales: ScaleLayout,
+    /// First activation and first output of the product in `x` and `y` (values).
+    pub x0: u32,
+    pub y0: u32,
 }
 
+/// Bytes of a product's parameter block.
+pub(crate) const MATMUL_PARAMS: usize = 64;
+
 impl MatmulParams {
-    pub(crate) fn bytes(&self) -> [u8; 48] {
+    pub(crate) fn bytes(&self) -> [u8; MATMUL_PARAMS] {
         let v = [
             self.rows,
             self.in_dim,
@@ -198,8 +215,12 @@ impl MatmulParams {
             self.scales.per_row,
             self.scales.rows,
             self.scales.cols,
+            self.x0,
+            self.y0,
+            0,
+            0,
         ];
-        let mut out = [0u8; 48];
+        let mut out = [0u8; MATMUL_PARAMS];
         for (o, x) in out.chunks_exact_mut(4).zip(v) {
             o.copy_from_slice(&x.to_le_bytes());
         }
@@ -270,6 +291,7 @@ impl Gpu {
             s_off,
             buffer,
             bind: Default::default(),
+            recorded: Default::default(),
         })
     }
 

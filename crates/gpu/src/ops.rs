@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use crate::matrix::{le_bytes, u32_of, GpuMatrix, Tile, WeightFormat, MAX_GROUPS};
+use crate::matrix::{le_bytes, u32_of, GpuMatrix, RecordedKey, Tile, WeightFormat, MAX_GROUPS, RECORDED_MAX};
 use crate::ops_state::{BindCache, Kernel, Pool, Pooled, OPS_PARAMS};
 use crate::product::{dispatches, Dispatch, PARAMS_STRIDE};
 use crate::{Gpu, GpuError};
@@ -78,11 +78,15 @@ pub struct AttendShape {
     pub scale: f32,
 }
 
+/// A chunk's recorded bind groups ([`crate::matrix::Chunk::recorded`]).
+type RecordedBinds = Arc<std::sync::Mutex<Vec<(RecordedKey, wgpu::BindGroup)>>>;
+
 enum Op {
     Matmul {
         format: WeightFormat,
         tile: Tile,
-        chunks: Vec<wgpu::Buffer>,
+        /// Each chunk's buffer and the bind groups recorded for it.
+        chunks: Vec<(wgpu::Buffer, RecordedBinds)>,
         ds: Vec<Dispatch>,
         x: wgpu::Buffer,
         x_bytes: u64,
@@ -118,7 +122,7 @@ fn shape(what: String) -> GpuError {
     GpuError::Shape(what)
 }
 
-fn need(t: &GpuTensor, n: usize, what: &str) -> Result<(), GpuError> {
+pub(crate) fn need(t: &GpuTensor, n: usize, what: &str) -> Result<(), GpuError> {
     if t.len < n {
         return Err(shape(format!(
             "{what}: a tensor of {} values where {n} are used",
@@ -129,7 +133,7 @@ fn need(t: &GpuTensor, n: usize, what: &str) -> Result<(), GpuError> {
 }
 
 /// A grid of `n` workgroups (at most [`MAX_GROUPS`] a line) and its line length.
-fn grid(n: usize) -> ([u32; 3], u32) {
+pub(crate) fn grid(n: usize) -> ([u32; 3], u32) {
     let x = n.clamp(1, MAX_GROUPS);
     ([x as u32, n.div_ceil(x).max(1) as u32, 1], x as u32)
 }
@@ -198,14 +202,25 @@ impl Gpu {
     }
 }
 
-impl Recorder<'_> {
+impl<'g> Recorder<'g> {
+    /// The GPU this records for.
+    pub fn gpu(&self) -> &'g Gpu {
+        self.gpu
+    }
+
     /// Holds `t` until the recorded work is done; its buffer.
     fn hold(&mut self, t: &GpuTensor) -> wgpu::Buffer {
         self.used.push(t.inner.clone());
         t.buf().clone()
     }
 
-    fn kernel(&mut self, k: Kernel, bufs: [Option<&GpuTensor>; 4], params: [u32; 16], groups: [u32; 3]) {
+    pub(crate) fn kernel(
+        &mut self,
+        k: Kernel,
+        bufs: [Option<&GpuTensor>; 4],
+        params: [u32; 16],
+        groups: [u32; 3],
+    ) {
         let bufs = bufs.map(|b| b.map(|t| self.hold(t)));
         self.ops.push(Op::Kernel {
             k,
@@ -223,8 +238,22 @@ impl Recorder<'_> {
         tokens: usize,
         y: &GpuTensor,
     ) -> Result<(), GpuError> {
-        need(x, tokens * m.in_dim, "product activations")?;
-        need(y, tokens * m.rows, "product outputs")?;
+        self.matmul_at(m, x, 0, tokens, y, 0)
+    }
+
+    /// [`Recorder::matmul`] of the T rows of `x` from value `x0`, written to `y` from value
+    /// `y0` (an expert's rows among all the experts' of a layer).
+    pub fn matmul_at(
+        &mut self,
+        m: &GpuMatrix,
+        x: &GpuTensor,
+        x0: usize,
+        tokens: usize,
+        y: &GpuTensor,
+        y0: usize,
+    ) -> Result<(), GpuError> {
+        need(x, x0 + tokens * m.in_dim, "product activations")?;
+        need(y, y0 + tokens * m.rows, "product outputs")?;
         if tokens == 0 {
             return Ok(());
         }
@@ -233,12 +262,16 @@ impl Recorder<'_> {
         self.ops.push(Op::Matmul {
             format: m.format,
             tile,
-            chunks: m.chunks.iter().map(|c| c.buffer.clone()).collect(),
-            ds: dispatches(m, tokens, tile)?,
+            chunks: m
+                .chunks
+                .iter()
+                .map(|c| (c.buffer.clone(), c.recorded.clone()))
+                .collect(),
+            ds: dispatches(m, tokens, tile, (x0, y0))?,
             x: xb,
             x_bytes: x.buf().size(),
             y: yb,
-            y_bytes: ((tokens * m.rows * 4) as u64).next_multiple_of(4),
+            y_bytes: y.buf().size(),
         });
         Ok(())
     }
@@ -447,68 +480,6 @@ impl Recorder<'_> {
         Ok(())
     }
 
-    /// Row j of `dst` (rows of `dim`) = row `rows[j]` of `src`.
-    pub fn gather(
-        &mut self,
-        src: &GpuTensor,
-        rows: &[usize],
-        dim: usize,
-        dst: &GpuTensor,
-    ) -> Result<(), GpuError> {
-        need(dst, rows.len() * dim, "gathered rows")?;
-        let top = rows.iter().max().map_or(0, |&r| r + 1);
-        need(src, top * dim, "rows to gather")?;
-        if rows.is_empty() {
-            return Ok(());
-        }
-        let idx: Vec<f32> = rows.iter().map(|&r| f32::from_bits(r as u32)).collect();
-        let idx = self.gpu.upload_tensor(&idx)?;
-        let (groups, line) = grid(rows.len());
-        let mut p = [0u32; 16];
-        p[..2].copy_from_slice(&[rows.len() as u32, dim as u32]);
-        p[15] = line;
-        self.kernel(
-            Kernel::Gather,
-            [Some(dst), Some(src), Some(&idx), None],
-            p,
-            groups,
-        );
-        Ok(())
-    }
-
-    /// Row `rows[j].0` of `dst` += `rows[j].1` x row j of `src` (rows of `dim`); the targets
-    /// must be distinct.
-    pub fn scatter_add(
-        &mut self,
-        dst: &GpuTensor,
-        src: &GpuTensor,
-        rows: &[(usize, f32)],
-        dim: usize,
-    ) -> Result<(), GpuError> {
-        need(src, rows.len() * dim, "rows to add")?;
-        let top = rows.iter().map(|r| r.0).max().map_or(0, |r| r + 1);
-        need(dst, top * dim, "rows added to")?;
-        if rows.is_empty() {
-            return Ok(());
-        }
-        let pairs: Vec<f32> = rows
-            .iter()
-            .flat_map(|&(r, w)| [f32::from_bits(r as u32), w])
-            .collect();
-        let pairs = self.gpu.upload_tensor(&pairs)?;
-        let (groups, line) = grid(rows.len());
-        let mut p = [0u32; 16];
-        p[..2].copy_from_slice(&[rows.len() as u32, dim as u32]);
-        p[15] = line;
-        self.kernel(
-            Kernel::ScatterAdd,
-            [Some(dst), Some(src), Some(&pairs), None],
-            p,
-            groups,
-        );
-        Ok(())
-    }
-
     /// Row r of `x` (rows of `dim`) *= sigmoid(`gates[r]`), for `rows` rows.
     pub fn scale_sigmoid(
         &mut self,
@@ -669,11 +640,18 @@ impl Recorder<'_> {
             } => {
                 let binds: Vec<wgpu::BindGroup> = chunks
                     .iter()
-                    .map(|w| {
-                        let key = [Some((w, 0)), Some((x, *x_bytes)), Some((y, *y_bytes)), None];
-                        kept.get(0, key, || {
-                            g.matmul_bind_at(w, (x, (0, *x_bytes)), (y, (0, *y_bytes)), params)
-                        })
+                    .map(|(w, recorded)| {
+                        let key = [(x.clone(), *x_bytes), (y.clone(), *y_bytes), (params.clone(), 0)];
+                        let mut held = recorded.lock().unwrap_or_else(|e| e.into_inner());
+                        if let Some((_, b)) = held.iter().find(|(k, _)| *k == key) {
+                            return b.clone();
+                        }
+                        if held.len() >= RECORDED_MAX {
+                            held.remove(0);
+                        }
+                        let b = g.matmul_bind_at(w, (x, (0, *x_bytes)), (y, (0, *y_bytes)), params);
+                        held.push((key, b.clone()));
+                        b
                     })
                     .collect();
                 g.record_in(pass, *format, *tile, ds, &binds, slot);

@@ -60,9 +60,9 @@ pub(crate) enum Kernel {
     NormRope,
     Attend,
     Gather,
-    ScatterAdd,
     ScaleSigmoid,
     HeadMatvec,
+    Combine,
 }
 
 impl Kernel {
@@ -74,9 +74,9 @@ impl Kernel {
             Kernel::NormRope => "norm_rope",
             Kernel::Attend => "attend",
             Kernel::Gather => "gather",
-            Kernel::ScatterAdd => "scatter_add",
             Kernel::ScaleSigmoid => "scale_sigmoid",
             Kernel::HeadMatvec => "head_matvec",
+            Kernel::Combine => "combine",
         }
     }
 }

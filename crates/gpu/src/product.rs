@@ -4,13 +4,15 @@
 
 use wgpu::util::DeviceExt;
 
-use crate::matrix::{entry, le_bytes, u32_of, GpuMatrix, MatmulParams, Tile, WeightFormat, MAX_GROUPS};
+use crate::matrix::{
+    entry, le_bytes, u32_of, GpuMatrix, MatmulParams, Tile, WeightFormat, MATMUL_PARAMS, MAX_GROUPS,
+};
 use crate::{Gpu, GpuError};
 
 /// Bytes between the parameter blocks of one product's chunks (at least the adapter's
 /// `min_uniform_buffer_offset_alignment`, which WebGPU caps at 256).
 pub(crate) const PARAMS_STRIDE: u64 = 256;
-const PARAMS_BYTES: u64 = 48;
+const PARAMS_BYTES: u64 = MATMUL_PARAMS as u64;
 
 /// Buffers one product at a time works through, kept and grown for the next.
 #[derive(Default)]
@@ -35,7 +37,7 @@ struct Planned {
 
 /// One chunk's dispatch: its parameters and workgroups.
 pub(crate) struct Dispatch {
-    pub(crate) params: [u8; 48],
+    pub(crate) params: [u8; MATMUL_PARAMS],
     groups: [u32; 3],
 }
 
@@ -99,7 +101,7 @@ impl Gpu {
                 m.in_dim
             )));
         }
-        let dispatches = dispatches(m, tokens, tile)?;
+        let dispatches = dispatches(m, tokens, tile, (0, 0))?;
         let out_len = tokens * m.rows;
         let out_bytes = (out_len * 4) as u64;
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
@@ -164,7 +166,7 @@ impl Gpu {
                 )));
             }
             let tile = self.forced_tile.unwrap_or(Tile::for_product(tokens, m.rows));
-            let ds = dispatches(m, tokens, tile)?;
+            let ds = dispatches(m, tokens, tile, (0, 0))?;
             let (x_bytes, y_bytes) = ((xs.len() * 4) as u64, (tokens * m.rows * 4) as u64);
             plans.push(Planned {
                 tile,
@@ -247,10 +249,10 @@ impl Gpu {
             usage: wgpu::BufferUsages::STORAGE,
             mapped_at_creation: false,
         });
-        let dispatches = dispatches(m, tokens, tile)?;
+        let dispatches = dispatches(m, tokens, tile, (0, 0))?;
         let mut all = vec![0u8; PARAMS_STRIDE as usize * dispatches.len()];
         for (i, d) in dispatches.iter().enumerate() {
-            all[i * PARAMS_STRIDE as usize..][..48].copy_from_slice(&d.params);
+            all[i * PARAMS_STRIDE as usize..][..MATMUL_PARAMS].copy_from_slice(&d.params);
         }
         let params = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some("matmul params"),
@@ -433,8 +435,14 @@ impl Gpu {
     }
 }
 
-/// Each chunk's parameters and workgroups for a product of `tokens` through `tile`.
-pub(crate) fn dispatches(m: &GpuMatrix, tokens: usize, tile: Tile) -> Result<Vec<Dispatch>, GpuError> {
+/// Each chunk's parameters and workgroups for a product of `tokens` through `tile`, its
+/// activations from value `at.0` of `x` and its outputs from value `at.1` of `y`.
+pub(crate) fn dispatches(
+    m: &GpuMatrix,
+    tokens: usize,
+    tile: Tile,
+    at: (usize, usize),
+) -> Result<Vec<Dispatch>, GpuError> {
     u32_of(tokens * m.rows, "outputs of one product")?;
     let groups_z = tokens.div_ceil(tile.tokens as usize);
     if groups_z > MAX_GROUPS {
@@ -456,6 +464,8 @@ pub(crate) fn dispatches(m: &GpuMatrix, tokens: usize, tile: Tile) -> Result<Vec
                 elem0: c.elem0,
                 s_off: c.s_off,
                 scales: m.scales,
+                x0: u32_of(at.0, "first activation")?,
+                y0: u32_of(at.1, "first output")?,
             };
             Ok(Dispatch {
                 params: p.bytes(),

@@ -56,7 +56,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let _ = writeln!(o, "    let r_{i} = min(r0 + {i}u, prm.rows - 1u);");
     }
     for t in 0..tb {
-        let _ = writeln!(o, "    let x_{t} = min(t0 + {t}u, prm.tokens - 1u) * prm.in_dim;");
+        let _ = writeln!(
+            o,
+            "    let x_{t} = prm.x0 + min(t0 + {t}u, prm.tokens - 1u) * prm.in_dim;"
+        );
     }
     for i in 0..rb {
         for t in 0..tb {
@@ -107,7 +110,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let r = r0 + o / TB;
         let t = t0 + o % TB;
         if (r < prm.rows && t < prm.tokens) {
-            y[t * prm.out_stride + prm.row0 + r] = part[0][o];
+            y[prm.y0 + t * prm.out_stride + prm.row0 + r] = part[0][o];
         }
     }
 }

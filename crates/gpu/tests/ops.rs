@@ -298,55 +298,97 @@ fn products_copies_and_kernels_chain_in_one_submission() {
 }
 
 #[test]
-fn gathers_scatters_and_row_gates_match_the_cpu() {
+fn routed_rows_gather_run_and_combine_like_the_cpu() {
     let Some(g) = gpu() else { return };
     let mut rng = Rng(31);
-    let (rows, dim) = (9, 300);
-    let x = rng.f32s(rows * dim);
+    let (tokens, dim, f) = (9, 300, 40);
+    let x = rng.f32s(tokens * dim);
     let xt = g.upload_tensor(&x).unwrap();
-    // An expert's tokens 7, 2, 5: their rows gathered, scaled, added back at 1, 8, 0.
-    let picked = [7usize, 2, 5];
-    let ye = g.tensor(picked.len() * dim).unwrap();
-    let acc0 = rng.f32s(rows * dim);
-    let acc = g.upload_tensor(&acc0).unwrap();
-    let targets = [(1usize, 0.25f32), (8, -1.5), (0, 3.0)];
-    let gates = rng.f32s(rows);
+    // Three experts in the order each token sums them, the second routed no token.
+    let experts: [&[(usize, f32)]; 3] = [
+        &[(7, 0.25), (2, -1.5), (5, 3.0)],
+        &[],
+        &[(2, 0.5), (0, 1.0), (8, -0.75), (7, 2.0)],
+    ];
+    let mats: Vec<_> = (0..3)
+        .map(|_| g.upload_f32(&rng.f32s(f * dim), dim).unwrap())
+        .collect();
+    let mut r = g.recorder();
+    let routing = r.routing(&experts, tokens).unwrap();
+    let rows = routing.rows();
+    assert_eq!(rows, 7);
+    let xe = g.tensor(rows * dim).unwrap();
+    r.gather_routed(&xt, &routing, dim, &xe).unwrap();
+    // Each expert's product on its slice of the packed rows.
+    let ye = g.tensor(rows * f).unwrap();
+    for (i, m) in mats.iter().enumerate() {
+        let (r0, n) = routing.expert(i);
+        r.matmul_at(m, &xe, r0 * dim, n, &ye, r0 * f).unwrap();
+    }
+    let sum = g.upload_tensor(&rng.f32s(tokens * dim)).unwrap();
+    r.combine(&sum, &xe, &routing, dim).unwrap();
+    let gates = rng.f32s(tokens);
     let gt = g.upload_tensor(&gates).unwrap();
     let gated = g.upload_tensor(&x).unwrap();
-    let mut r = g.recorder();
-    r.gather(&xt, &picked, dim, &ye).unwrap();
-    r.scatter_add(&acc, &ye, &targets, dim).unwrap();
-    r.scale_sigmoid(&gated, &gt, rows, dim).unwrap();
+    r.scale_sigmoid(&gated, &gt, tokens, dim).unwrap();
     let got = r
         .finish(&[
-            (&ye, 0, picked.len() * dim),
-            (&acc, 0, rows * dim),
-            (&gated, 0, rows * dim),
+            (&xe, 0, rows * dim),
+            (&ye, 0, rows * f),
+            (&sum, 0, tokens * dim),
+            (&gated, 0, tokens * dim),
         ])
         .unwrap();
-    let want_ye: Vec<f32> = picked
+    let row = |t: usize| x[t * dim..(t + 1) * dim].to_vec();
+    let want_xe: Vec<f32> = experts
         .iter()
-        .flat_map(|&p| x[p * dim..(p + 1) * dim].to_vec())
+        .flat_map(|e| e.iter())
+        .flat_map(|&(t, _)| row(t))
         .collect();
-    assert_eq!(got[0], want_ye, "gathered rows");
-    let mut want_acc = acc0.clone();
-    for (j, &(t, w)) in targets.iter().enumerate() {
-        for i in 0..dim {
-            want_acc[t * dim + i] += want_ye[j * dim + i] * w;
+    assert_eq!(got[0], want_xe, "gathered rows");
+    // A slice's product gives the bits of the same rows' product alone.
+    for (i, m) in mats.iter().enumerate() {
+        let (r0, n) = routing.expert(i);
+        if n > 0 {
+            let alone = g.matmul(m, &want_xe[r0 * dim..(r0 + n) * dim], n).unwrap();
+            assert_eq!(&got[1][r0 * f..(r0 + n) * f], &alone[..], "expert {i}'s rows");
         }
     }
-    close(&got[1], &want_acc, 1e-6, "scattered sums");
+    // Each token's weighted rows in expert order, from zero (tokens no expert took: zero).
+    let mut want_sum = vec![0f32; tokens * dim];
+    for list in &experts {
+        for &(t, w) in list.iter() {
+            for i in 0..dim {
+                want_sum[t * dim + i] += x[t * dim + i] * w;
+            }
+        }
+    }
+    close(&got[2], &want_sum, 1e-6, "combined rows");
     let want_gated: Vec<f32> = x
         .iter()
         .enumerate()
         .map(|(i, v)| v * sigmoid(gates[i / dim]))
         .collect();
-    close(&got[2], &want_gated, 1e-6, "rows gated");
+    close(&got[3], &want_gated, 1e-6, "rows gated");
+    // Rows past the batch and tensors too short are errors.
     let mut r = g.recorder();
-    assert!(r.gather(&xt, &[rows], dim, &ye).is_err(), "a row past the source");
     assert!(
-        r.scatter_add(&acc, &ye, &[(rows, 1.0)], dim).is_err(),
-        "a row past the sums"
+        r.routing(&[&[(tokens, 1.0)]], tokens).is_err(),
+        "a row past the batch"
+    );
+    let short = g.tensor(dim).unwrap();
+    assert!(
+        r.gather_routed(&short, &routing, dim, &xe).is_err(),
+        "a short source"
+    );
+    assert!(
+        r.gather_routed(&xt, &routing, dim, &short).is_err(),
+        "a short destination"
+    );
+    assert!(r.combine(&short, &xe, &routing, dim).is_err(), "short sums");
+    assert!(
+        r.combine(&sum, &short, &routing, dim).is_err(),
+        "short expert rows"
     );
 }
 

@@ -59,6 +59,11 @@ impl DeviceWeight<'_> {
     pub fn matrix(&self) -> &dyn DeviceMatrix {
         self.0.get()
     }
+
+    /// Whether the device keeps this copy (false: made for one use, past the budget).
+    pub fn is_kept(&self) -> bool {
+        matches!(self.0, OnDevice::Kept(_))
+    }
 }
 
 /// A weight's copy on the device for one product.

@@ -54,6 +54,14 @@ pub(crate) enum Role {
     Uv,
 }
 
+/// The GPU's form of an activation.
+pub(crate) fn glu_of(act: Activation) -> Glu {
+    match act {
+        Activation::Silu => Glu::Silu,
+        Activation::Situ { beta, linear_beta } => Glu::Situ { beta, linear_beta },
+    }
+}
+
 pub(crate) fn gpu_err(e: impl std::fmt::Display) -> ModelError {
     ModelError::Gpu(e.to_string())
 }
@@ -89,6 +97,19 @@ impl<'g> Pass<'g> {
         tokens: usize,
         y: &GpuTensor,
     ) -> Result<()> {
+        self.product_at(lin, x, 0, tokens, y, 0)
+    }
+
+    /// [`Pass::product`] of the T rows of `x` from value `x0`, written to `y` from value `y0`.
+    pub(crate) fn product_at(
+        &mut self,
+        lin: &Linear,
+        x: &GpuTensor,
+        x0: usize,
+        tokens: usize,
+        y: &GpuTensor,
+        y0: usize,
+    ) -> Result<()> {
         let copy = lin
             .on_device()
             .ok_or_else(|| gpu_err(format!("no GPU copy of a {} weight", lin.data.format_name())))?;
@@ -96,7 +117,7 @@ impl<'g> Pass<'g> {
             .off
             .matrix(copy.matrix())
             .ok_or_else(|| gpu_err("a weight on another device"))?;
-        self.rec.matmul(m, x, tokens, y).map_err(gpu_err)
+        self.rec.matmul_at(m, x, x0, tokens, y, y0).map_err(gpu_err)
     }
 
     /// `down(act(gate(x), up(x)))` of the T rows of `x`: (T, down's rows).
@@ -113,11 +134,7 @@ impl<'g> Pass<'g> {
         let (g, u) = (self.tensor(tokens * f)?, self.tensor(tokens * f)?);
         self.product(gate, x, tokens, &g)?;
         self.product(up, x, tokens, &u)?;
-        let act = match act {
-            Activation::Silu => Glu::Silu,
-            Activation::Situ { beta, linear_beta } => Glu::Situ { beta, linear_beta },
-        };
-        self.rec.glu(&g, &u, tokens * f, act).map_err(gpu_err)?;
+        self.rec.glu(&g, &u, tokens * f, glu_of(act)).map_err(gpu_err)?;
         let y = self.tensor(tokens * down.out_dim)?;
         self.product(down, &g, tokens, &y)?;
         Ok(y)

@@ -1,17 +1,23 @@
 //! A MoE layer inside the GPU decoder's submission, when the GPU takes the routed experts
-//! (`--gpu-experts`): the router's logits (and the residual, for the next layer's guess) are
-//! the only values that go back; the CPU routes and asks the expert store, and every expert's
-//! products, its tokens' rows gathered and its outputs added back, are recorded with the layer.
+//! (`--gpu-experts`): the router's logits (and the next layer's guess) are the only values that
+//! go back; the CPU routes and asks the expert store, and the experts' work is recorded with the
+//! layer. One table per layer (uploaded once) packs every expert's token rows one expert after
+//! the other: one dispatch gathers them, each expert's gate and up products run on its slice as
+//! it arrives, one activation covers all of them, then each down product, and one dispatch sums
+//! each token's weighted outputs.
 //!
-//! Each token sums its experts' weighted outputs in ascending expert order (one dispatch per
-//! expert, recorded in that order whatever order the store delivered them in), then the shared
-//! expert's: so a token's sum never depends on its batch or on what the cache held.
+//! Each token sums its experts' outputs in ascending expert order from zero, then adds the
+//! shared expert's: so a token's sum never depends on its batch, on the order the store
+//! delivered the experts in, or on what the cache held.
+
+use std::sync::Arc;
 
 use strata_gpu::GpuTensor;
+use strata_weights::Expert;
 
 use crate::decoder::next_moe_input;
 use crate::decoder::{Decoder, SeqInput};
-use crate::gpu_decoder::{gpu_err, Pass, Role};
+use crate::gpu_decoder::{glu_of, gpu_err, Pass, Role};
 use crate::layers::moe::MoeLayer;
 use crate::{ModelError, Result};
 
@@ -70,26 +76,41 @@ impl Decoder {
             }
             None => None,
         };
-        let tokens_of: Vec<&Vec<(usize, f32)>> = assigned.values().collect();
-        let mut outs: Vec<Option<GpuTensor>> = (0..ids.len()).map(|_| None).collect();
+        let lists: Vec<&[(usize, f32)]> = assigned.values().map(|v| v.as_slice()).collect();
+        let routing = pass.rec.routing(&lists, n_tokens).map_err(gpu_err)?;
+        let rows = routing.rows();
+        let f = match &self.info.experts {
+            Some(layout) => layout.inter_dim,
+            None => return Err(gpu_err("a MoE layer in a model without an expert layout")),
+        };
+        let xe = pass.tensor(rows * d)?;
+        pass.rec.gather_routed(h, &routing, d, &xe).map_err(gpu_err)?;
+        let (g, u) = (pass.tensor(rows * f)?, pass.tensor(rows * f)?);
+        // Each expert's gate and up products as it arrives; its down product waits for the
+        // activation, one dispatch over every expert's rows.
+        let mut held: Vec<Option<Arc<Expert>>> = vec![None; ids.len()];
         let mut failed: Option<ModelError> = None;
         moe.store
             .get_batches(moe.layer, &ids, &mut |ready| {
                 for (i, expert) in ready {
-                    let rows: Vec<usize> = tokens_of[*i].iter().map(|&(t, _)| t).collect();
-                    let run = |pass: &mut Pass<'_>| -> Result<GpuTensor> {
-                        let xe = pass.tensor(rows.len() * d)?;
-                        pass.rec.gather(h, &rows, d, &xe).map_err(gpu_err)?;
-                        pass.mlp(&expert.gate, &expert.up, &expert.down, moe.act, &xe, rows.len())
-                    };
-                    match run(pass) {
-                        Ok(y) => outs[*i] = Some(y),
-                        Err(e) => {
-                            let text = e.to_string();
-                            failed = Some(e);
-                            return Err(text.into());
+                    let (r0, n) = routing.expert(*i);
+                    let mut up_gate = || -> Result<()> {
+                        let (gate, down) = (&expert.gate, &expert.down);
+                        if gate.out_dim != f || gate.in_dim != d || down.in_dim != f || down.out_dim != d {
+                            return Err(gpu_err(format!(
+                                "expert {} of layer {} is {}x{} -> {}x{}, the layout says {f}x{d}",
+                                ids[*i], moe.layer, gate.out_dim, gate.in_dim, down.out_dim, down.in_dim
+                            )));
                         }
+                        pass.product_at(&expert.gate, &xe, r0 * d, n, &g, r0 * f)?;
+                        pass.product_at(&expert.up, &xe, r0 * d, n, &u, r0 * f)
+                    };
+                    if let Err(e) = up_gate() {
+                        let text = e.to_string();
+                        failed = Some(e);
+                        return Err(text.into());
                     }
+                    held[*i] = Some(expert.clone());
                 }
                 Ok(())
             })
@@ -100,17 +121,20 @@ impl Decoder {
                     cause,
                 },
             })?;
-        let sum = pass.tensor(n_tokens * d)?;
-        pass.rec.clear(&sum);
-        for (i, out) in outs.iter().enumerate() {
-            let Some(y) = out else {
+        pass.rec.glu(&g, &u, rows * f, glu_of(moe.act)).map_err(gpu_err)?;
+        let ys = pass.tensor(rows * d)?;
+        for (i, expert) in held.iter().enumerate() {
+            let Some(expert) = expert else {
                 return Err(ModelError::Experts {
                     layer: moe.layer,
                     cause: format!("expert {} never delivered", ids[i]).into(),
                 });
             };
-            pass.rec.scatter_add(&sum, y, tokens_of[i], d).map_err(gpu_err)?;
+            let (r0, n) = routing.expert(i);
+            pass.product_at(&expert.down, &g, r0 * f, n, &ys, r0 * d)?;
         }
+        let sum = pass.tensor(n_tokens * d)?;
+        pass.rec.combine(&sum, &ys, &routing, d).map_err(gpu_err)?;
         if let Some(y) = &shared {
             pass.rec
                 .add(&sum, n_tokens * d, y, n_tokens * d)

@@ -21,6 +21,10 @@ struct Params {
     s_per_row: u32,  // scales per row of scales
     s_rows: u32,     // weight rows per row of scales
     s_cols: u32,     // inputs per scale
+    x0: u32,         // first activation in x (values)
+    y0: u32,         // first output in y (values)
+    pad0: u32,
+    pad1: u32,
 }
 
 @group(0) @binding(0) var<storage, read> w: array<vec4<WORD>>;

@@ -272,8 +272,8 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     }
 }
 
-// a[j * p1 + i] = b[idx_j * p1 + i] for rows j < p0, idx_j the u32 bits of c[j]: the rows of the
-// tokens routed to one expert.
+// a[j * p1 + i] = b[idx_j * p1 + i] for rows j < p0, idx_j the u32 bits of c[p2 + j]: the rows of
+// the tokens routed to each expert.
 @compute @workgroup_size(128)
 fn gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l: u32) {
     let j = row_of(wg);
@@ -281,26 +281,31 @@ fn gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         return;
     }
     let n = prm.p1;
-    let src = bitcast<u32>(c[j]) * n;
+    let src = bitcast<u32>(c[prm.p2 + j]) * n;
     for (var i = l; i < n; i += WG) {
         a[j * n + i] = b[src + i];
     }
 }
 
-// a[idx_j * p1 + i] += w_j * b[j * p1 + i] for rows j < p0, c holding (idx_j bits, w_j) pairs; the
-// rows of one dispatch go to distinct rows of a (an expert's tokens), so dispatches in expert
-// order sum each token's experts in that order.
+// a[t * p1 + i] = sum over e in [s_t, s_t+1) of w_e * b[r_e * p1 + i] for rows t < p0, in that
+// order from zero, where s_t = c[p2 + t] and (r_e, w_e) = (c[p3 + 2e] bits, c[p3 + 2e + 1]): each
+// token's experts' outputs, weighted and summed in ascending expert order.
 @compute @workgroup_size(128)
-fn scatter_add(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l: u32) {
-    let j = row_of(wg);
-    if (j >= prm.p0) {
+fn combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l: u32) {
+    let t = row_of(wg);
+    if (t >= prm.p0) {
         return;
     }
     let n = prm.p1;
-    let dst = bitcast<u32>(c[2u * j]) * n;
-    let w = c[2u * j + 1u];
+    let first = bitcast<u32>(c[prm.p2 + t]);
+    let end = bitcast<u32>(c[prm.p2 + t + 1u]);
     for (var i = l; i < n; i += WG) {
-        a[dst + i] = a[dst + i] + b[j * n + i] * w;
+        var acc = 0.0;
+        for (var e = first; e < end; e++) {
+            let r = bitcast<u32>(c[prm.p3 + 2u * e]);
+            acc = acc + b[r * n + i] * c[prm.p3 + 2u * e + 1u];
+        }
+        a[t * n + i] = acc;
     }
 }
 
