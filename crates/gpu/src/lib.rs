@@ -204,6 +204,9 @@ pub struct Gpu {
     pool: Arc<Mutex<ops_state::Pool>>,
     /// The layer kernels' parameter buffer and the bind groups kept with it.
     binds: Mutex<ops_state::BindCache>,
+    /// Waits so far, and the first that fails ([`Gpu::fail_from_wait`]).
+    waits: std::sync::atomic::AtomicU64,
+    fail_from: std::sync::atomic::AtomicU64,
 }
 
 impl Gpu {
@@ -265,6 +268,8 @@ impl Gpu {
             ops,
             pool: Arc::default(),
             binds: Mutex::default(),
+            waits: Default::default(),
+            fail_from: u64::MAX.into(),
         })
     }
 
@@ -289,12 +294,24 @@ impl Gpu {
         self.wait("copying weights")
     }
 
+    /// Fault injection for tests: the `n`th wait from now (0: the next) and every later one
+    /// fail as a lost device's would; `u64::MAX` heals it.
+    pub fn fail_from_wait(&self, n: u64) {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.fail_from
+            .store(self.waits.load(SeqCst).saturating_add(n), SeqCst);
+    }
+
     /// Waits for every submitted command; an error the device reported meanwhile fails it.
     fn wait(&self, what: &str) -> Result<(), GpuError> {
+        use std::sync::atomic::Ordering::SeqCst;
         let fail = |reason: String| GpuError::Run {
             what: what.into(),
             reason,
         };
+        if self.waits.fetch_add(1, SeqCst) >= self.fail_from.load(SeqCst) {
+            return Err(fail("the device is lost (injected by a test)".into()));
+        }
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| fail(e.to_string()))?;

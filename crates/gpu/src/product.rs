@@ -414,24 +414,28 @@ impl Gpu {
         slice.map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
-        self.wait("product")?;
-        let fail = |reason: String| GpuError::Run {
-            what: "reading results back".into(),
-            reason,
+        let read = || -> Result<Vec<f32>, GpuError> {
+            self.wait("product")?;
+            let fail = |reason: String| GpuError::Run {
+                what: "reading results back".into(),
+                reason,
+            };
+            match rx.recv() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(fail(e.to_string())),
+                Err(_) => return Err(fail("the mapping never completed".into())),
+            }
+            let data = slice.get_mapped_range().map_err(|e| fail(e.to_string()))?;
+            Ok(data
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect())
         };
-        match rx.recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(fail(e.to_string())),
-            Err(_) => return Err(fail("the mapping never completed".into())),
-        }
-        let data = slice.get_mapped_range().map_err(|e| fail(e.to_string()))?;
-        let out = data
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
-        drop(data);
+        let out = read();
+        // Mapped or not (a failed wait), the buffer leaves unmapped: it goes back to a pool, and
+        // a submission that names a mapped buffer fails.
         staging.unmap();
-        Ok(out)
+        out
     }
 }
 

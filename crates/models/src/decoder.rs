@@ -167,7 +167,10 @@ impl Model for Decoder {
         }
         if trace.is_none() {
             if let Some(off) = self.gpu_decoder() {
-                return self.forward_gpu(off, batch, x);
+                match self.forward_gpu(off, batch, &x) {
+                    Err(ModelError::Gpu(e)) => self.gpu_lost(batch, &e),
+                    done => return done,
+                }
             }
         }
 

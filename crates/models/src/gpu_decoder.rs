@@ -14,6 +14,7 @@
 //! other results, and a GPU copy out of step with it is made anew from it.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use strata_gpu::{AttendShape, Glu, Gpu, GpuTensor, Offload, Recorder, Rotation};
@@ -35,6 +36,8 @@ use strata_kernels::profile::span;
 pub struct GpuState {
     vectors: Mutex<HashMap<(usize, Role), Arc<GpuTensor>>>,
     eligible: OnceLock<bool>,
+    /// A step failed on the GPU: this model's layers run on the CPU from then on.
+    lost: AtomicBool,
 }
 
 /// Which vector of a layer (the final norm is layer `usize::MAX`'s).
@@ -180,10 +183,28 @@ impl Decoder {
             return None;
         }
         let off = Offload::installed()?;
+        if self.gpu.lost.load(Ordering::Relaxed) {
+            return None;
+        }
         self.gpu
             .eligible
             .get_or_init(|| self.runs_on_gpu(off))
             .then_some(off)
+    }
+
+    /// A step failed on the GPU (`why`): its key and value rows go (the CPU's rows stay the truth,
+    /// the sequences' lengths did not move), the step is run again on the CPU by the caller, and
+    /// so is every later one; said once.
+    pub(crate) fn gpu_lost(&self, batch: &mut [SeqInput<'_>], why: &str) {
+        if !self.gpu.lost.swap(true, Ordering::Relaxed) {
+            eprintln!(
+                "warning: a step failed on the GPU ({why}); this model's layers run on the CPU from here"
+            );
+        }
+        for seq in batch.iter_mut() {
+            let len = seq.cache.len;
+            seq.cache.truncate(len);
+        }
     }
 
     /// Whether every layer is grouped-query attention the GPU kernels take, with weights of
@@ -284,7 +305,7 @@ impl Decoder {
         &self,
         off: &'static Offload,
         batch: &mut [SeqInput<'_>],
-        x: Vec<f32>,
+        x: &[f32],
     ) -> Result<Vec<Vec<f32>>> {
         let gpu = off.gpu();
         let n_tokens: usize = batch.iter().map(|s| s.tokens.len()).sum();
@@ -296,7 +317,7 @@ impl Decoder {
             kv: Vec::new(),
             tokens: n_tokens,
         };
-        let xt = gpu.upload_tensor(&x).map_err(gpu_err)?;
+        let xt = gpu.upload_tensor(x).map_err(gpu_err)?;
         let mut tables: Vec<(Rope, GpuTensor)> = Vec::new();
         let result = (|| {
             for l in 0..self.layers.len() {

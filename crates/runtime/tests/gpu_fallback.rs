@@ -1,0 +1,92 @@
+//! A GPU that fails in the middle of a step (lost, out of memory): the GPU decoder's step runs
+//! again on the CPU, the cache keeps exactly the CPU's rows, and the model stays on the CPU, its
+//! logits those of the goldens. Needs a GPU adapter, as `crates/gpu/tests` say; the failure is
+//! injected (`Gpu::fail_from_wait`).
+
+use std::sync::{Arc, OnceLock};
+
+use strata_gpu::{select, Offload, Preference, Selection};
+use strata_models::{KvCache, SeqInput};
+use strata_runtime::{Engine, LoadOptions};
+use strata_testkit::{as_f32s, as_u32s, fixture, golden, rel_tolerance};
+
+/// The installed GPU (experts there too); None where the environment says there is no adapter
+/// (`STRATA_NO_GPU=1`).
+fn gpu() -> Option<&'static Offload> {
+    static ON: OnceLock<bool> = OnceLock::new();
+    let on = *ON.get_or_init(|| match select(Preference::Gpu) {
+        Ok(Selection::Gpu(g)) => strata_kernels::offload::install(Arc::new(Offload::new(*g, None, true))),
+        Ok(Selection::Cpu { why }) => panic!("--device gpu chose the CPU: {why}"),
+        Err(e) if std::env::var("STRATA_NO_GPU").is_ok_and(|v| v == "1") => {
+            eprintln!("STRATA_NO_GPU=1: GPU tests not run ({e})");
+            false
+        }
+        Err(e) => panic!("{e}"),
+    });
+    on.then(Offload::installed).flatten()
+}
+
+fn step(engine: &Engine, cache: &mut KvCache, ids: &[u32]) -> Vec<f32> {
+    let mut batch = [SeqInput {
+        tokens: ids,
+        cache,
+        all_logits: false,
+    }];
+    engine.model.forward(&mut batch, None).unwrap().remove(0)
+}
+
+fn on_gpu(cache: &KvCache) -> bool {
+    format!("{:?}", cache.layers[0].gpu).contains("positions")
+}
+
+#[test]
+fn a_gpu_lost_mid_step_leaves_the_run_on_the_cpu_with_the_goldens() {
+    let Some(off) = gpu() else { return };
+    for name in ["qwen3-moe-tiny", "deepseek-v3-tiny"] {
+        off.gpu().fail_from_wait(u64::MAX);
+        let engine = Engine::load(&fixture(name), &LoadOptions::default()).unwrap();
+        let g = golden(name);
+        let ids = as_u32s(&g["prompts"][0]["ids"]);
+        let n = ids.len();
+        assert!(n >= 2, "{name}: prompt 0 too short for the test");
+        let mut cache = engine.new_cache();
+        step(&engine, &mut cache, &ids[..1]);
+        assert!(on_gpu(&cache), "{name}: the GPU decoder did not run");
+        // The second wait of the next step fails: the first layer's rows came back by then.
+        off.gpu().fail_from_wait(1);
+        let last = step(&engine, &mut cache, &ids[1..]);
+        assert!(!on_gpu(&cache), "{name}: a GPU copy left after the failure");
+        assert_eq!(cache.len, n, "{name}: positions");
+        for (l, c) in cache.layers.iter().enumerate() {
+            assert_eq!(c.k.len(), n * c.k_dim, "{name}: layer {l}'s keys");
+            assert_eq!(c.v.len(), n * c.v_dim, "{name}: layer {l}'s values");
+        }
+        let near_goldens = |got: &[f32], what: &str| {
+            let want = as_f32s(&g["prompts"][0]["last_logits"]);
+            let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let worst = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(
+                worst <= rel_tolerance(&g) * scale,
+                "{name}, {what}: logits {worst} from the goldens (scale {scale})"
+            );
+        };
+        near_goldens(&last, "after the failure");
+        // Healed or not, this model stays on the CPU, and goes on.
+        off.gpu().fail_from_wait(u64::MAX);
+        step(&engine, &mut cache, &ids[..1]);
+        assert!(!on_gpu(&cache), "{name}: back on the GPU after a failure");
+        assert_eq!(cache.len, n + 1, "{name}: positions after one more token");
+        // A model loaded after it runs on the GPU again, through the buffers the failure left
+        // (the same steps, so the same sizes from the pool).
+        let fresh = Engine::load(&fixture(name), &LoadOptions::default()).unwrap();
+        let mut cache = fresh.new_cache();
+        step(&fresh, &mut cache, &ids[..1]);
+        let last = step(&fresh, &mut cache, &ids[1..]);
+        assert!(on_gpu(&cache), "{name}: the GPU did not run after healing");
+        near_goldens(&last, "on the GPU after healing");
+    }
+}
