@@ -53,7 +53,7 @@ pub struct Tile {
 
 impl Tile {
     /// The tiles there are pipelines for.
-    pub const ALL: [Tile; 10] = [
+    pub const ALL: [Tile; 13] = [
         Tile::new(1, 1),
         Tile::new(2, 1),
         Tile::new(4, 1),
@@ -61,9 +61,12 @@ impl Tile {
         Tile::new(1, 4),
         Tile::new(2, 4),
         Tile::new(4, 4),
+        Tile::new(8, 4),
         Tile::new(1, 8),
         Tile::new(2, 8),
         Tile::new(4, 8),
+        Tile::new(8, 8),
+        Tile::new(4, 16),
     ];
 
     const fn new(rows: u32, tokens: u32) -> Tile {

@@ -98,11 +98,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
     o.push_str(
         "    workgroupBarrier();
+    // The fixed tree: at step s, sum l of output o takes sum l + s (l < s); the s x OUTS adds of
+    // a step are spread over all 64 invocations, consecutive ones on consecutive outputs.
     for (var s = LANES / 2u; s > 0u; s = s / 2u) {
-        if (l < s) {
-            for (var o = 0u; o < OUTS; o = o + 1u) {
-                part[l][o] = part[l][o] + part[l + s][o];
-            }
+        for (var i = l; i < s * OUTS; i = i + LANES) {
+            let k = i / OUTS;
+            let o = i % OUTS;
+            part[k][o] = part[k][o] + part[k + s][o];
         }
         workgroupBarrier();
     }

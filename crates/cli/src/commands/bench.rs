@@ -486,20 +486,21 @@ pub fn bench(args: BenchArgs) -> Result<()> {
 }
 
 /// Copies the weights the GPU keeps and makes its pipelines before anything is timed: a
-/// two-token prompt and one token, untimed (their state is dropped after; the experts they
-/// read stay in the cache, a head start of three tokens' experts over a CPU run).
+/// two-token prompt and two tokens (the second the first one-token step), untimed (their state
+/// is dropped after; the experts they read stay in the cache, a head start of four tokens'
+/// experts over a CPU run).
 fn warm_gpu(engine: &strata_runtime::Engine, request: &Request, g: &strata_gpu::Offload) -> Result<()> {
     let t = Instant::now();
     let warm = Request {
         prompt: request.prompt.iter().copied().take(2).collect(),
-        max_new_tokens: 1,
+        max_new_tokens: 2,
         stop: vec![],
         ignore_eos: true,
         sampling: request.sampling.clone(),
     };
     engine.generate(std::slice::from_ref(&warm), |_, _| {})?;
     eprintln!(
-        "gpu warm-up: {:.2} GiB of weights copied there in {:.2} s (not timed; the experts of its two tokens stay cached)",
+        "gpu warm-up: {:.2} GiB of weights copied there in {:.2} s (not timed; the experts of its three tokens stay cached)",
         g.resident_bytes() as f64 / (1u64 << 30) as f64,
         t.elapsed().as_secs_f64()
     );
