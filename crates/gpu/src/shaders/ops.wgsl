@@ -112,6 +112,8 @@ fn glu(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l:
 }
 
 var<workgroup> head: array<f32, 1024>;
+// Eight partial sums of each of 16 rows (per-head products, attention scores).
+var<workgroup> eighths: array<f32, 128>;
 
 // One head of one token, in place in `a` (rows of p0 heads x p1 values): RMSNorm of its first
 // p3 values with the weights in b (eps bits p4; p3 = 0: none), then the rotation of the p2
@@ -172,7 +174,8 @@ fn norm_rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
 // Per head h of each token t: y[(t * p0 + h) * p4 + r] = sum_j M[(h * p1 + r) * p2 + j] *
 // x[(t * p0 + h) * p3 + j] for r < p1 (M in d, x in b, y in a), then the p5 values of x after
 // its first p2 copied after the p1 outputs. An absorbed MLA head's query (W_uk^T q_nope, then
-// q_rope) and its value projection (W_uv o_latent). Workgroup x: head, y: token.
+// q_rope) and its value projection (W_uv o_latent). Workgroup x: head, y: token. Each output is
+// eight interleaved partial sums added in order.
 @compute @workgroup_size(128)
 fn head_matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l: u32) {
     let th = wg.y * prm.p0 + wg.x;
@@ -183,13 +186,27 @@ fn head_matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
         head[j] = b[xs + j];
     }
     workgroupBarrier();
-    for (var r = l; r < prm.p1; r += WG) {
-        let m0 = (wg.x * prm.p1 + r) * n;
+    // 16 rows a pass: invocation l takes row l / 8 and its columns l % 8, l % 8 + 8, ... in
+    // order (neighbours read neighbouring columns), then each row's 8 sums are added in order.
+    for (var r0 = 0u; r0 < prm.p1; r0 += 16u) {
+        let r = r0 + l / 8u;
         var s = 0.0;
-        for (var j = 0u; j < n; j++) {
-            s = fma(d[m0 + j], head[j], s);
+        if (r < prm.p1) {
+            let m0 = (wg.x * prm.p1 + r) * n;
+            for (var j = l % 8u; j < n; j += 8u) {
+                s = fma(d[m0 + j], head[j], s);
+            }
         }
-        a[ys + r] = s;
+        eighths[l] = s;
+        workgroupBarrier();
+        if (l < 16u && r0 + l < prm.p1) {
+            var t = 0.0;
+            for (var k = 0u; k < 8u; k++) {
+                t = t + eighths[l * 8u + k];
+            }
+            a[ys + r0 + l] = t;
+        }
+        workgroupBarrier();
     }
     for (var i = l; i < prm.p5; i += WG) {
         a[ys + prm.p1 + i] = b[xs + n + i];
@@ -204,9 +221,10 @@ var<workgroup> scores: array<f32, 256>;
 // key columns from (head / p1) * p2 and its p8 value columns from (head / p1) * p8. Queries in b
 // (rows of p0 heads x p2 values) and outputs in a (rows of p0 heads x p8), the sequence's first
 // at row p4; its first new token at position p5; p6 > 0: only the last p6
-// positions are seen; p7: the score scale's bits. Positions go in chunks of 256 (scores, their
-// max and sum in a fixed tree; the values' sums rescaled to each chunk's running max), so the
-// result depends only on the head's own query and cache.
+// positions are seen; p7: the score scale's bits. Positions go in chunks of 256 (scores, each
+// from 8 interleaved partial sums added in order; their max and sum in a fixed tree; the values'
+// sums rescaled to each chunk's running max), so the result depends only on the head's own query
+// and cache.
 @compute @workgroup_size(128)
 fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l: u32) {
     let dh = prm.p2;
@@ -231,16 +249,32 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     var acc = array<f32, 8>(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
     for (var p0 = first; p0 < n_pos; p0 += CHUNK) {
         let n = min(CHUNK, n_pos - p0);
+        // Scores, 16 positions a pass: invocation l takes position l / 8 and its head columns
+        // l % 8, l % 8 + 8, ... in order (neighbours read neighbouring columns of a key row),
+        // then each position's 8 sums are added in order.
+        for (var j0 = 0u; j0 < n; j0 += 16u) {
+            let j = j0 + l / 8u;
+            var s = 0.0;
+            if (j < n) {
+                let k0 = (p0 + j) * width + col;
+                for (var i = l % 8u; i < dh; i += 8u) {
+                    s = fma(head[i], c[k0 + i], s);
+                }
+            }
+            eighths[l] = s;
+            workgroupBarrier();
+            if (l < 16u && j0 + l < n) {
+                var t = 0.0;
+                for (var r = 0u; r < 8u; r++) {
+                    t = t + eighths[l * 8u + r];
+                }
+                scores[j0 + l] = t * scale;
+            }
+            workgroupBarrier();
+        }
         var lmax = -3.0e38;
         for (var j = l; j < n; j += WG) {
-            let k0 = (p0 + j) * width + col;
-            var s = 0.0;
-            for (var i = 0u; i < dh; i++) {
-                s = fma(head[i], c[k0 + i], s);
-            }
-            s = s * scale;
-            scores[j] = s;
-            lmax = max(lmax, s);
+            lmax = max(lmax, scores[j]);
         }
         let m_new = max(m, tree_max(l, lmax));
         var lsum = 0.0;
