@@ -17,6 +17,7 @@ mod packed;
 mod product;
 mod read;
 mod shader;
+mod timing;
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -207,6 +208,8 @@ pub struct Gpu {
     /// Waits so far, and the first that fails ([`Gpu::fail_from_wait`]).
     waits: std::sync::atomic::AtomicU64,
     fail_from: std::sync::atomic::AtomicU64,
+    /// Whether ops can be timed inside compute passes (`timing.rs`).
+    timestamps: bool,
 }
 
 impl Gpu {
@@ -215,7 +218,8 @@ impl Gpu {
         let limits = a.limits();
         let desc = wgpu::DeviceDescriptor {
             label: Some("strata"),
-            required_features: wgpu::Features::empty(),
+            // Op timing for the profile where the adapter has it (`timing.rs`).
+            required_features: a.features() & timing::features(),
             required_limits: limits.clone(),
             experimental_features: wgpu::ExperimentalFeatures::disabled(),
             memory_hints: wgpu::MemoryHints::Performance,
@@ -225,6 +229,7 @@ impl Gpu {
             adapter: adapter.to_string(),
             reason: e.to_string(),
         })?;
+        let timestamps = device.features().contains(timing::features());
         let errors = Arc::new(Mutex::new(Vec::new()));
         let sink = errors.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
@@ -270,6 +275,7 @@ impl Gpu {
             binds: Mutex::default(),
             waits: Default::default(),
             fail_from: u64::MAX.into(),
+            timestamps,
         })
     }
 
@@ -292,6 +298,12 @@ impl Gpu {
     pub fn flush(&self) -> Result<(), GpuError> {
         self.queue.submit([]);
         self.wait("copying weights")
+    }
+
+    /// Whether the profile gets the GPU time of each op (`STRATA_PROFILE=1`; adapters with
+    /// timestamps inside compute passes).
+    pub fn times_ops(&self) -> bool {
+        self.timestamps
     }
 
     /// Fault injection for tests: the `n`th wait from now (0: the next) and every later one

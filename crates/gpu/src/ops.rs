@@ -78,6 +78,20 @@ pub struct AttendShape {
     pub scale: f32,
 }
 
+/// Whether `op` is a copy or a clear (recorded between compute passes).
+fn is_transfer(op: &Op) -> bool {
+    matches!(op, Op::Copy { .. } | Op::Clear(_))
+}
+
+/// The profile row of an op's GPU time (`timing.rs`).
+fn label(op: &Op) -> String {
+    match op {
+        Op::Matmul { format, tile, .. } => format!("GPU time: product {format:?} {tile}"),
+        Op::Kernel { k, .. } => format!("GPU time: {}", k.entry()),
+        Op::Copy { .. } | Op::Clear(_) => "GPU time: transfers".into(),
+    }
+}
+
 /// A chunk's recorded bind groups ([`crate::matrix::Chunk::recorded`]).
 type RecordedBinds = Arc<std::sync::Mutex<Vec<(RecordedKey, wgpu::BindGroup)>>>;
 
@@ -548,26 +562,32 @@ impl<'g> Recorder<'g> {
         let params = binds.params(&g.device, bytes.len() as u64);
         g.queue.write_buffer(&params, 0, &bytes);
         let mut enc = g.device.create_command_encoder(&Default::default());
+        let n_timed = self.ops.iter().filter(|op| !is_transfer(op)).count();
+        let stamps = g.stamps(n_timed);
         // Runs of dispatches share one compute pass (a pass costs more to track than its
         // dispatches); copies and clears go between passes.
-        let mut slot = 0u64;
+        let (mut slot, mut timed) = (0u64, 0usize);
         let mut i = 0;
         while i < self.ops.len() {
-            if let Op::Copy { .. } | Op::Clear(_) = self.ops[i] {
+            if is_transfer(&self.ops[i]) {
                 self.record_transfer(&mut enc, &self.ops[i]);
                 i += 1;
                 continue;
             }
             let mut pass = enc.begin_compute_pass(&Default::default());
-            while let Some(op @ (Op::Matmul { .. } | Op::Kernel { .. })) = self.ops.get(i) {
+            while let Some(op) = self.ops.get(i).filter(|op| !is_transfer(op)) {
+                stamps.iter().for_each(|s| s.write(&mut pass, timed, false));
                 slot += self.record(&mut pass, op, &params, slot, &mut binds);
+                stamps.iter().for_each(|s| s.write(&mut pass, timed, true));
+                timed += 1;
                 i += 1;
             }
         }
         let total: usize = reads.iter().map(|r| r.2).sum();
+        let extra = stamps.as_ref().map_or(0, |s| s.floats());
         let use_s = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
         let staging = g.pooled(
-            ((total.max(4) * 4) as u64).next_power_of_two(),
+            (((total + extra).max(4) * 4) as u64).next_power_of_two(),
             use_s,
             "read back",
         );
@@ -578,8 +598,11 @@ impl<'g> Recorder<'g> {
             }
             at += (n * 4) as u64;
         }
+        if let Some(s) = &stamps {
+            s.copy(&mut enc, &staging, at);
+        }
         let t_sub = strata_kernels::profile::enabled().then(std::time::Instant::now);
-        let all = g.read_back_copied(enc, &staging, total);
+        let all = g.read_back_copied(enc, &staging, total + extra);
         if let (Some(a), Some(b)) = (t_rec, t_sub) {
             strata_kernels::profile::record("GPU: recording ops", 1, b - a);
             strata_kernels::profile::record("GPU: submit, run, read back", 1, b.elapsed());
@@ -587,6 +610,10 @@ impl<'g> Recorder<'g> {
         drop(binds);
         Pool::put(&g.pool, staging);
         let all = all?;
+        if let Some(s) = &stamps {
+            let labels: Vec<String> = self.ops.iter().filter(|op| !is_transfer(op)).map(label).collect();
+            s.record(&labels, &all[total..], g.queue.get_timestamp_period());
+        }
         let mut out = Vec::with_capacity(reads.len());
         let mut from = 0;
         for &(_, _, n) in reads {

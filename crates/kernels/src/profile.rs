@@ -94,7 +94,7 @@ pub fn span<T>(name: &'static str, tokens: usize, f: impl FnOnce() -> T) -> T {
 }
 
 /// Adds `took` to span `name`'s row (for spans whose parts are timed apart).
-pub fn record(name: &'static str, tokens: usize, took: std::time::Duration) {
+pub fn record(name: &str, tokens: usize, took: std::time::Duration) {
     add(
         Key {
             what: name.to_string(),
