@@ -124,5 +124,12 @@ fn routed_experts_on_the_gpu_match_the_goldens_also_when_few_fit() {
             experts > 0,
             "--gpu-mem {budget}: no expert's product ran on the GPU: {bench}"
         );
+        // Room for every expert: the timed tokens find some there; 64 KiB: some are copied.
+        let (hits, copies) = (&bench["gpu"]["expert_hits"], &bench["gpu"]["expert_copies"]);
+        let (hits, copies) = (hits.as_u64().unwrap(), copies.as_u64().unwrap());
+        match budget {
+            "1G" => assert!(hits > 0, "--gpu-mem 1G: no expert found on the GPU: {bench}"),
+            _ => assert!(copies > 0, "--gpu-mem 64K: no expert copied: {bench}"),
+        }
     }
 }

@@ -12,7 +12,7 @@
 //! product runs never depends on what the cache or the budget held (batch invariance).
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crate::Linear;
@@ -198,6 +198,17 @@ impl fmt::Debug for DeviceCopy {
 }
 
 static FAILED: AtomicBool = AtomicBool::new(false);
+static EXPERT_HITS: AtomicU64 = AtomicU64::new(0);
+static EXPERT_COPIES: AtomicU64 = AtomicU64::new(0);
+
+/// Uses of routed experts' weights on the device so far: (found there, copied there first: kept
+/// from then on while the budget has room, else for that use only).
+pub fn expert_uses() -> (u64, u64) {
+    (
+        EXPERT_HITS.load(Ordering::Relaxed),
+        EXPERT_COPIES.load(Ordering::Relaxed),
+    )
+}
 
 impl Linear {
     /// Marks a routed expert's weight: on the device only as a kept copy (see the module).
@@ -215,19 +226,29 @@ impl Linear {
     /// product while the budget has room), else one made for this product only; None when the
     /// device has no kernels for its format (or takes no routed experts and this is one).
     fn device_copy<'a>(&'a self, device: &dyn Device) -> Option<OnDevice<'a>> {
-        if self.device.expert && !device.takes_experts() {
+        let expert = self.device.expert;
+        if expert && !device.takes_experts() {
             return None;
         }
-        if self.device.expert || !self.data.is_borrowed() {
-            let kept = self
-                .device
-                .kept
-                .get_or_init(|| device.upload(self, true).map(Arc::from));
+        if expert || !self.data.is_borrowed() {
+            let mut copied = false;
+            let kept = self.device.kept.get_or_init(|| {
+                copied = true;
+                device.upload(self, true).map(Arc::from)
+            });
             if let Some(m) = kept.as_deref() {
+                if expert {
+                    let seen = if copied { &EXPERT_COPIES } else { &EXPERT_HITS };
+                    seen.fetch_add(1, Ordering::Relaxed);
+                }
                 return Some(OnDevice::Kept(m));
             }
         }
-        device.upload(self, false).map(OnDevice::Once)
+        let once = device.upload(self, false).map(OnDevice::Once);
+        if expert && once.is_some() {
+            EXPERT_COPIES.fetch_add(1, Ordering::Relaxed);
+        }
+        once
     }
 
     /// This weight's copy on the installed device for code that records its products itself

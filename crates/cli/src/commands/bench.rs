@@ -130,6 +130,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     if let Some(g) = super::gpu() {
         warm_gpu(&engine, &request, g)?;
     }
+    let expert_uses = strata_kernels::offload::expert_uses();
     let st = &store.stats;
     let mark = || Mark {
         at: Instant::now(),
@@ -397,7 +398,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             table(&between(first, end), steps)
         );
     }
-    let gpu = super::gpu().map(gpu_figures);
+    let gpu = super::gpu().map(|g| gpu_figures(g, expert_uses));
     if let Some(g) = &gpu {
         println!(
             "gpu                   {}: {:.2} GiB of weights kept there, {:.1} MB copied per token for single products, {} products on it ({} of routed experts); its memory reads {:.1} GB/s",
@@ -408,6 +409,17 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             g["expert_products"],
             g["memory_read_gbps"].as_f64().unwrap_or(0.0),
         );
+        let (hits, copies) = (
+            g["expert_hits"].as_u64().unwrap_or(0),
+            g["expert_copies"].as_u64().unwrap_or(0),
+        );
+        if hits + copies > 0 {
+            println!(
+                "gpu experts           {:.1} % of the routed experts' weight uses found them in GPU memory ({hits} of {}; the rest copied there first)",
+                100.0 * hits as f64 / (hits + copies) as f64,
+                hits + copies
+            );
+        }
     }
     if args.json {
         // The names a check outside the project reads come first.
@@ -507,20 +519,24 @@ fn warm_gpu(engine: &strata_runtime::Engine, request: &Request, g: &strata_gpu::
     Ok(())
 }
 
-/// `--compute-only`: every expert read into the cache first, with a progress bar.
-/// What the GPU did over the run, and its memory's read rate measured now.
-fn gpu_figures(g: &strata_gpu::Offload) -> serde_json::Value {
+/// What the GPU did over the run, and its memory's read rate measured now; `uses`: the routed
+/// experts' weight uses on it before the timed tokens ([`strata_kernels::offload::expert_uses`]).
+fn gpu_figures(g: &strata_gpu::Offload, uses: (u64, u64)) -> serde_json::Value {
     let read = g.gpu().read_rate(256 << 20, 3).unwrap_or(0.0);
+    let (hits, copies) = strata_kernels::offload::expert_uses();
     serde_json::json!({
         "adapter": g.gpu().adapter().to_string(),
         "kept_bytes": g.resident_bytes(),
         "copied_bytes": g.streamed_bytes(),
         "products": g.products(),
         "expert_products": g.expert_products(),
+        "expert_hits": hits - uses.0,
+        "expert_copies": copies - uses.1,
         "memory_read_gbps": read / 1e9,
     })
 }
 
+/// `--compute-only`: every expert read into the cache first, with a progress bar.
 fn load_every_expert(store: &strata_experts::CachedStore) -> Result<()> {
     let bar = ProgressBar::new(0);
     bar.set_style(
