@@ -3,45 +3,18 @@
 //! logits those of the goldens. Needs a GPU adapter, as `crates/gpu/tests` say; the failure is
 //! injected (`Gpu::fail_from_wait`).
 
-use std::sync::{Arc, OnceLock};
-
-use strata_gpu::{select, Offload, Preference, Selection};
-use strata_models::{KvCache, SeqInput};
-use strata_runtime::{Engine, LoadOptions};
+use strata_runtime::LoadOptions;
 use strata_testkit::{as_f32s, as_u32s, fixture, golden, rel_tolerance};
 
-/// The installed GPU (experts there too); None where the environment says there is no adapter
-/// (`STRATA_NO_GPU=1`).
-fn gpu() -> Option<&'static Offload> {
-    static ON: OnceLock<bool> = OnceLock::new();
-    let on = *ON.get_or_init(|| match select(Preference::Gpu) {
-        Ok(Selection::Gpu(g)) => strata_kernels::offload::install(Arc::new(Offload::new(*g, None, true))),
-        Ok(Selection::Cpu { why }) => panic!("--device gpu chose the CPU: {why}"),
-        Err(e) if std::env::var("STRATA_NO_GPU").is_ok_and(|v| v == "1") => {
-            eprintln!("STRATA_NO_GPU=1: GPU tests not run ({e})");
-            false
-        }
-        Err(e) => panic!("{e}"),
-    });
-    on.then(Offload::installed).flatten()
-}
-
-fn step(engine: &Engine, cache: &mut KvCache, ids: &[u32]) -> Vec<f32> {
-    let mut batch = [SeqInput {
-        tokens: ids,
-        cache,
-        all_logits: false,
-    }];
-    engine.model.forward(&mut batch, None).unwrap().remove(0)
-}
-
-fn on_gpu(cache: &KvCache) -> bool {
-    format!("{:?}", cache.layers[0].gpu).contains("positions")
-}
+const EXPERTS_ON_GPU: bool = true;
+include!("gpu_decoder/helpers.rs");
 
 #[test]
 fn a_gpu_lost_mid_step_leaves_the_run_on_the_cpu_with_the_goldens() {
-    let Some(off) = gpu() else { return };
+    if !gpu() {
+        return;
+    }
+    let off = Offload::installed().expect("installed above");
     for name in ["qwen3-moe-tiny", "deepseek-v3-tiny"] {
         off.gpu().fail_from_wait(u64::MAX);
         let engine = Engine::load(&fixture(name), &LoadOptions::default()).unwrap();

@@ -2,6 +2,7 @@
 
 mod bars;
 mod bench;
+mod bench_prepare;
 mod cache;
 mod chat;
 mod inspect;

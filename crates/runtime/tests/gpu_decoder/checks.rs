@@ -1,44 +1,10 @@
 // The checks of `gpu_decoder.rs` and `gpu_decoder_cpu_experts.rs` (each installs the GPU
 // once per process, with or without the routed experts).
 
-use std::sync::{Arc, OnceLock};
-
-use strata_gpu::{select, Offload, Preference, Selection};
-use strata_models::{KvCache, SeqInput};
-use strata_runtime::{Engine, LoadOptions};
+use strata_runtime::LoadOptions;
 use strata_testkit::{as_u32s, fixture, golden};
 
-/// Installs the GPU for this process's products; false where the environment says there is
-/// no adapter (`STRATA_NO_GPU=1`).
-fn gpu() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| match select(Preference::Gpu) {
-        Ok(Selection::Gpu(g)) => {
-            eprintln!("GPU tests on {}", g.adapter());
-            strata_kernels::offload::install(Arc::new(Offload::new(*g, None, EXPERTS_ON_GPU)))
-        }
-        Ok(Selection::Cpu { why }) => panic!("--device gpu chose the CPU: {why}"),
-        Err(e) if std::env::var("STRATA_NO_GPU").is_ok_and(|v| v == "1") => {
-            eprintln!("STRATA_NO_GPU=1: GPU tests not run ({e})");
-            false
-        }
-        Err(e) => panic!("{e}"),
-    })
-}
-
-/// The last logits of `ids` fed to `cache` in one step.
-fn step(engine: &Engine, cache: &mut KvCache, ids: &[u32]) -> Vec<f32> {
-    let mut batch = [SeqInput {
-        tokens: ids,
-        cache,
-        all_logits: false,
-    }];
-    engine.model.forward(&mut batch, None).unwrap().remove(0)
-}
-
-fn on_gpu(cache: &KvCache) -> bool {
-    format!("{:?}", cache.layers[0].gpu).contains("positions")
-}
+include!("helpers.rs");
 
 #[test]
 fn pieces_batches_and_cut_or_cloned_caches_give_the_bits_of_a_fresh_pass() {
