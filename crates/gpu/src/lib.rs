@@ -17,6 +17,7 @@ mod packed;
 mod product;
 mod read;
 mod shader;
+mod slab;
 mod timing;
 
 use std::fmt;
@@ -188,6 +189,8 @@ pub struct Gpu {
     /// The product pipelines, made at first use: one per [`WeightFormat`] and [`Tile`]
     /// (`format.index() * Tile::ALL.len() + tile.index()`).
     matmul: Vec<std::sync::OnceLock<wgpu::ComputePipeline>>,
+    /// The products of several experts (`Recorder::matmul_experts`), by format and tile.
+    grouped: Vec<std::sync::OnceLock<wgpu::ComputePipeline>>,
     /// A tile every product takes (`STRATA_GPU_TILE=RxT`, for measurements); None: by tokens.
     forced_tile: Option<Tile>,
     read: wgpu::ComputePipeline,
@@ -197,6 +200,8 @@ pub struct Gpu {
     scratch: Mutex<product::Scratch>,
     matmul_layout: wgpu::BindGroupLayout,
     matmul_pipeline_layout: wgpu::PipelineLayout,
+    grouped_layout: wgpu::BindGroupLayout,
+    grouped_pipeline_layout: wgpu::PipelineLayout,
     /// Storage bindings start at multiples of this (bytes).
     storage_align: u64,
     /// The layer kernels' pipelines (`ops`).
@@ -210,6 +215,8 @@ pub struct Gpu {
     fail_from: std::sync::atomic::AtomicU64,
     /// Whether ops can be timed inside compute passes (`timing.rs`).
     timestamps: bool,
+    /// Kept routed experts' weights, in shared buffers of equal slots.
+    slabs: slab::Slabs,
 }
 
 impl Gpu {
@@ -238,9 +245,12 @@ impl Gpu {
             }
         }));
         let max_binding = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
-        let matmul = (0..WeightFormat::ALL.len() * Tile::ALL.len())
-            .map(|_| Default::default())
-            .collect();
+        let cells = || {
+            (0..WeightFormat::ALL.len() * Tile::ALL.len())
+                .map(|_| Default::default())
+                .collect()
+        };
+        let (matmul, grouped) = (cells(), cells());
         let forced_tile = match std::env::var("STRATA_GPU_TILE") {
             Ok(v) => Some(v.parse::<Tile>().map_err(|e| GpuError::Device {
                 adapter: adapter.to_string(),
@@ -249,13 +259,18 @@ impl Gpu {
             Err(_) => None,
         };
         let read = pipeline(&device, "read", include_str!("shaders/read.wgsl"));
-        let matmul_layout = product::matmul_layout(&device);
+        let matmul_layout = product::matmul_layout(&device, false);
+        let grouped_layout = product::matmul_layout(&device, true);
         let ops = ops_state::Pipelines::new(&device);
-        let matmul_pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-            label: Some("matmul"),
-            bind_group_layouts: &[Some(&matmul_layout)],
-            immediate_size: 0,
-        });
+        let pipeline_layout = |layout: &wgpu::BindGroupLayout| {
+            device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some("matmul"),
+                bind_group_layouts: &[Some(layout)],
+                immediate_size: 0,
+            })
+        };
+        let matmul_pipeline_layout = pipeline_layout(&matmul_layout);
+        let grouped_pipeline_layout = pipeline_layout(&grouped_layout);
         Ok(Gpu {
             device,
             queue,
@@ -263,12 +278,15 @@ impl Gpu {
             max_binding,
             binding_limit: max_binding,
             matmul,
+            grouped,
             forced_tile,
             read,
             errors,
             scratch: Mutex::default(),
             matmul_layout,
             matmul_pipeline_layout,
+            grouped_layout,
+            grouped_pipeline_layout,
             storage_align: u64::from(limits.min_storage_buffer_offset_alignment),
             ops,
             pool: Arc::default(),
@@ -276,6 +294,7 @@ impl Gpu {
             waits: Default::default(),
             fail_from: u64::MAX.into(),
             timestamps,
+            slabs: Default::default(),
         })
     }
 

@@ -29,7 +29,12 @@ impl WeightFormat {
         WeightFormat::Mxfp4,
     ];
 
-    fn elem_bytes(self) -> usize {
+    /// Whether weights and scales are packed into bytes (the rest are float formats).
+    pub(crate) fn packed(self) -> bool {
+        !matches!(self, WeightFormat::Bf16 | WeightFormat::F16 | WeightFormat::F32)
+    }
+
+    pub(crate) fn elem_bytes(self) -> usize {
         match self {
             WeightFormat::Bf16 | WeightFormat::F16 => 2,
             WeightFormat::F32 => 4,
@@ -145,9 +150,13 @@ pub(crate) struct Chunk {
     pub rows: usize,
     /// The chunk's first weight within its first 16-byte word (float formats).
     pub elem0: u32,
-    /// Byte offset of the chunk's scales in its buffer (packed formats).
+    /// Byte offset of the chunk's scales from its first byte (packed formats).
     pub s_off: u32,
     pub buffer: wgpu::Buffer,
+    /// The chunk's first byte in `buffer` (a multiple of 16; not 0 in an expert slab).
+    pub base: u64,
+    /// The slab slot it lies in, held as long as the chunk (and any work recorded with it).
+    pub slot: Option<std::sync::Arc<crate::slab::Slot>>,
     /// Its bind group with the product buffers of generation `.0` (made once per generation).
     pub bind: std::sync::Mutex<Option<(u64, wgpu::BindGroup)>>,
     /// Bind groups a [`crate::Recorder`] made for it, newest last: they name the chunk's buffer,
@@ -163,6 +172,16 @@ pub(crate) type RecordedKey = [(wgpu::Buffer, u64); 3];
 /// Recorded bind groups a chunk keeps (the oldest goes first).
 pub(crate) const RECORDED_MAX: usize = 8;
 
+/// Where an upload's weights go.
+#[derive(Clone, Copy)]
+pub(crate) enum Target<'a> {
+    /// Buffers of their own, one per chunk.
+    Own,
+    /// One slot of the GPU's expert slabs, for a matrix of one chunk; the bytes of a new slab
+    /// are reserved through the function.
+    Slot(&'a dyn Fn(u64) -> Option<crate::slab::Reservation>),
+}
+
 impl GpuMatrix {
     pub fn rows(&self) -> usize {
         self.rows
@@ -177,9 +196,26 @@ impl GpuMatrix {
     pub fn chunks(&self) -> usize {
         self.chunks.len()
     }
-    /// Bytes of GPU memory its weights take.
+    /// Bytes of GPU memory its weights take (a slab slot's, for an expert in one).
     pub fn bytes(&self) -> u64 {
-        self.chunks.iter().map(|c| c.buffer.size()).sum()
+        let each = |c: &Chunk| match &c.slot {
+            Some(s) => s.slab.slot_bytes(),
+            None => c.buffer.size(),
+        };
+        self.chunks.iter().map(each).sum()
+    }
+
+    /// Whether it lies in a slot of the expert slabs ([`Gpu::upload_expert`]).
+    pub fn in_slab(&self) -> bool {
+        self.slab().is_some()
+    }
+
+    /// The slab buffer of its one chunk, when it lies in an expert slab.
+    pub(crate) fn slab(&self) -> Option<&wgpu::Buffer> {
+        match self.chunks.as_slice() {
+            [c] if c.slot.is_some() => Some(&c.buffer),
+            _ => None,
+        }
     }
 }
 
@@ -198,6 +234,11 @@ pub(crate) struct MatmulParams {
     /// First activation and first output of the product in `x` and `y` (values).
     pub x0: u32,
     pub y0: u32,
+    /// The chunk's first byte in its buffer (packed formats; the float formats fold it into
+    /// `elem0`).
+    pub w0: u32,
+    /// The first item of a product of several experts (`matmul.wgsl`'s grouped form).
+    pub items0: u32,
 }
 
 /// Bytes of a product's parameter block.
@@ -220,8 +261,8 @@ impl MatmulParams {
             self.scales.cols,
             self.x0,
             self.y0,
-            0,
-            0,
+            self.w0,
+            self.items0,
         ];
         let mut out = [0u8; MATMUL_PARAMS];
         for (o, x) in out.chunks_exact_mut(4).zip(v) {
@@ -242,71 +283,106 @@ pub(crate) fn u32_of(v: usize, what: &str) -> Result<u32, GpuError> {
 impl Gpu {
     /// Uploads BF16 weights (`w`: rows x `in_dim`, row-major).
     pub fn upload_bf16(&self, w: &[u16], in_dim: usize) -> Result<GpuMatrix, GpuError> {
-        self.upload(WeightFormat::Bf16, &le_bytes(w), w.len(), in_dim)
+        self.upload_own(WeightFormat::Bf16, &le_bytes(w), w.len(), in_dim)
     }
 
     /// Uploads F16 weights (`w`: rows x `in_dim`, row-major).
     pub fn upload_f16(&self, w: &[u16], in_dim: usize) -> Result<GpuMatrix, GpuError> {
-        self.upload(WeightFormat::F16, &le_bytes(w), w.len(), in_dim)
+        self.upload_own(WeightFormat::F16, &le_bytes(w), w.len(), in_dim)
     }
 
     /// Uploads F32 weights (`w`: rows x `in_dim`, row-major).
     pub fn upload_f32(&self, w: &[f32], in_dim: usize) -> Result<GpuMatrix, GpuError> {
-        self.upload(WeightFormat::F32, &le_bytes(w), w.len(), in_dim)
+        self.upload_own(WeightFormat::F32, &le_bytes(w), w.len(), in_dim)
     }
 
     /// A chunk of `rows` rows from `row0` whose buffer holds `parts` one after the other, each
-    /// from a 16-byte word (written once, straight into the buffer's mapping).
+    /// from a 16-byte word (written once, straight into the buffer's mapping, or into a slab
+    /// slot through the queue). None: `target` had no room for it.
     pub(crate) fn chunk(
         &self,
-        row0: usize,
-        rows: usize,
+        (row0, rows): (usize, usize),
         elem0: u32,
         s_off: u32,
         parts: &[&[u8]],
-    ) -> Result<Chunk, GpuError> {
+        target: Target<'_>,
+    ) -> Result<Option<Chunk>, GpuError> {
         let size: usize = parts.iter().map(|p| p.len().next_multiple_of(16)).sum();
-        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("weights"),
-            size: size.max(16) as u64,
-            usage: wgpu::BufferUsages::STORAGE,
-            mapped_at_creation: true,
-        });
-        {
-            let mut view = buffer
-                .slice(..)
-                .get_mapped_range_mut()
-                .map_err(|e| GpuError::Run {
-                    what: "writing weights".into(),
-                    reason: e.to_string(),
-                })?;
-            let mut at = 0;
-            for p in parts {
-                view.slice(at..at + p.len()).copy_from_slice(p);
-                at += p.len().next_multiple_of(16);
+        let size = size.max(16) as u64;
+        let fail = |e: String| GpuError::Run {
+            what: "writing weights".into(),
+            reason: e,
+        };
+        let (buffer, base, slot, recorded) = match target {
+            Target::Own => {
+                let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("weights"),
+                    size,
+                    usage: wgpu::BufferUsages::STORAGE,
+                    mapped_at_creation: true,
+                });
+                {
+                    let mut view = buffer
+                        .slice(..)
+                        .get_mapped_range_mut()
+                        .map_err(|e| fail(e.to_string()))?;
+                    write_parts(parts, |at, p| view.slice(at..at + p.len()).copy_from_slice(p));
+                }
+                buffer.unmap();
+                (buffer, 0, None, Default::default())
             }
-        }
-        buffer.unmap();
-        Ok(Chunk {
+            Target::Slot(reserve) => {
+                let Some(slot) = self.slabs.place(self, size, reserve)? else {
+                    return Ok(None);
+                };
+                let buffer = slot.slab.buffer.clone();
+                let at = wgpu::BufferSize::new(size).expect("at least 16 bytes");
+                let mut view = self
+                    .queue
+                    .write_buffer_with(&buffer, slot.base(), at)
+                    .ok_or_else(|| fail("the queue refused the copy".into()))?;
+                write_parts(parts, |at, p| view.slice(at..at + p.len()).copy_from_slice(p));
+                drop(view);
+                let recorded = slot.slab.recorded.clone();
+                (buffer, slot.base(), Some(std::sync::Arc::new(slot)), recorded)
+            }
+        };
+        Ok(Some(Chunk {
             row0,
             rows,
             elem0,
             s_off,
             buffer,
+            base,
+            slot,
             bind: Default::default(),
-            recorded: Default::default(),
-        })
+            recorded,
+        }))
     }
 
-    /// Uploads `n` weights of `format` (`bytes`, little-endian), split by rows so that no chunk
-    /// exceeds one binding. Each chunk starts on a 16-byte word at or before its first row.
-    fn upload(
+    /// [`Gpu::upload`] into its own buffers.
+    fn upload_own(
         &self,
         format: WeightFormat,
         bytes: &[u8],
         n: usize,
         in_dim: usize,
     ) -> Result<GpuMatrix, GpuError> {
+        let m = self.upload(format, bytes, n, in_dim, Target::Own)?;
+        Ok(m.expect("own buffers always take a chunk"))
+    }
+
+    /// Uploads `n` weights of `format` (`bytes`, little-endian), split by rows so that no chunk
+    /// exceeds one binding. Each chunk starts on a 16-byte word at or before its first row.
+    /// None: `target` is a slab slot and had no room, or the matrix takes more than one chunk.
+    pub(crate) fn upload(
+        &self,
+        format: WeightFormat,
+        bytes: &[u8],
+        n: usize,
+        in_dim: usize,
+        target: Target<'_>,
+    ) -> Result<Option<GpuMatrix>, GpuError> {
         if in_dim == 0 || !n.is_multiple_of(in_dim) {
             return Err(GpuError::Shape(format!(
                 "{format:?} weights of {n} values are not rows of {in_dim}"
@@ -324,6 +400,9 @@ impl Gpu {
         }
         u32_of(n + per_word, "weight count")?;
         let per_chunk = ((self.max_binding - 32) / row_bytes) as usize;
+        if matches!(target, Target::Slot(_)) && per_chunk < rows {
+            return Ok(None);
+        }
         let mut chunks = Vec::new();
         let mut row0 = 0;
         while row0 < rows {
@@ -332,16 +411,29 @@ impl Gpu {
             let start = first / per_word * per_word;
             let end = (row0 + take) * in_dim;
             let data = &bytes[start * size..end * size];
-            chunks.push(self.chunk(row0, take, (first - start) as u32, 0, &[data])?);
+            let elem0 = (first - start) as u32;
+            match self.chunk((row0, take), elem0, 0, &[data], target)? {
+                Some(c) => chunks.push(c),
+                None => return Ok(None),
+            }
             row0 += take;
         }
-        Ok(GpuMatrix {
+        Ok(Some(GpuMatrix {
             format,
             rows,
             in_dim,
             chunks,
             scales: ScaleLayout::default(),
-        })
+        }))
+    }
+}
+
+/// Writes `parts` one after the other, each from a 16-byte word.
+fn write_parts(parts: &[&[u8]], mut write: impl FnMut(usize, &[u8])) {
+    let mut at = 0;
+    for p in parts {
+        write(at, p);
+        at += p.len().next_multiple_of(16);
     }
 }
 

@@ -11,6 +11,8 @@ use std::sync::Arc;
 use strata_kernels::offload::{Device, DeviceMatrix, Job};
 use strata_kernels::{Linear, WeightData};
 
+use crate::matrix::{Target, WeightFormat};
+use crate::slab::Reservation;
 use crate::{Gpu, GpuError, GpuMatrix};
 
 /// The GPU with its budget for weights and its counters.
@@ -93,10 +95,53 @@ impl Offload {
     }
 }
 
+impl Offload {
+    /// A kept routed expert in a slab slot ([`crate::slab`]); None where it found no slot
+    /// (no room in the budget, or a matrix of several chunks); Err: the device refused memory.
+    fn upload_to_slot(&self, lin: &Linear) -> Result<Option<Resident>, GpuError> {
+        let reserve = |bytes: u64| -> Option<Reservation> {
+            self.reserve(bytes).then(|| {
+                Box::new(Lease {
+                    bytes,
+                    used: self.used.clone(),
+                    full: self.full.clone(),
+                }) as Reservation
+            })
+        };
+        let Some(m) = self
+            .gpu
+            .upload_weights_to(&lin.data, lin.in_dim, Target::Slot(&reserve))
+        else {
+            return Ok(None);
+        };
+        Ok(m?.map(|m| Resident {
+            gpu: self.gpu.clone(),
+            m,
+            products: self.expert_products.clone(),
+            // The slab holds the budget's bytes.
+            _lease: Lease {
+                bytes: 0,
+                used: self.used.clone(),
+                full: self.full.clone(),
+            },
+        }))
+    }
+}
+
 impl Device for Offload {
     fn upload(&self, lin: &Linear, keep: bool) -> Option<Box<dyn DeviceMatrix>> {
         if !supported(&lin.data) || (keep && self.full.load(Ordering::Relaxed)) {
             return None;
+        }
+        if keep && lin.is_routed_expert() {
+            match self.upload_to_slot(lin) {
+                Ok(Some(r)) => return Some(Box::new(r)),
+                Ok(None) => {}
+                Err(_) => {
+                    self.full.store(true, Ordering::Relaxed);
+                    return None;
+                }
+            }
         }
         let bytes = if keep { lin.bytes() as u64 } else { 0 };
         if !self.reserve(bytes) {
@@ -197,18 +242,42 @@ impl Gpu {
     /// Uploads a weight in the format the CPU holds it; None for formats without GPU kernels
     /// (GGUF's block types, for now).
     pub fn upload_weights(&self, data: &WeightData, in_dim: usize) -> Option<Result<GpuMatrix, GpuError>> {
+        let m = self.upload_weights_to(data, in_dim, Target::Own)?;
+        Some(m.map(|m| m.expect("own buffers always take a chunk")))
+    }
+
+    /// Uploads a routed expert's weight into a slot of the GPU's expert slabs, as the offload
+    /// keeps experts (no budget here), or into buffers of its own where no slot takes it (a
+    /// matrix of several chunks); None for formats without GPU kernels.
+    pub fn upload_expert(&self, data: &WeightData, in_dim: usize) -> Option<Result<GpuMatrix, GpuError>> {
+        let unbounded = |_: u64| Some(Box::new(()) as Reservation);
+        match self.upload_weights_to(data, in_dim, Target::Slot(&unbounded))? {
+            Ok(Some(m)) => Some(Ok(m)),
+            Ok(None) => self.upload_weights(data, in_dim),
+            Err(e) => Some(Err(e)),
+        }
+    }
+
+    /// [`Gpu::upload_weights`] to `target`; `Ok(None)`: the target had no room for it.
+    pub(crate) fn upload_weights_to(
+        &self,
+        data: &WeightData,
+        in_dim: usize,
+        target: Target<'_>,
+    ) -> Option<Result<Option<GpuMatrix>, GpuError>> {
+        use crate::matrix::le_bytes;
         Some(match data {
-            WeightData::Bf16(w) => self.upload_bf16(w, in_dim),
-            WeightData::F16(w) => self.upload_f16(w, in_dim),
-            WeightData::F32(w) => self.upload_f32(w, in_dim),
-            WeightData::Int8 { w, scales } => self.upload_int8(w, scales, in_dim),
-            WeightData::Fp8 { w, scales, block } => self.upload_fp8(w, scales, *block, in_dim),
+            WeightData::Bf16(w) => self.upload(WeightFormat::Bf16, &le_bytes(w), w.len(), in_dim, target),
+            WeightData::F16(w) => self.upload(WeightFormat::F16, &le_bytes(w), w.len(), in_dim, target),
+            WeightData::F32(w) => self.upload(WeightFormat::F32, &le_bytes(w), w.len(), in_dim, target),
+            WeightData::Int8 { w, scales } => self.int8_to(w, scales, in_dim, target),
+            WeightData::Fp8 { w, scales, block } => self.fp8_to(w, scales, *block, in_dim, target),
             WeightData::Int4 {
                 packed,
                 scales,
                 group,
-            } => self.upload_int4(packed, scales, *group, in_dim),
-            WeightData::Mxfp4 { packed, scales } => self.upload_mxfp4(packed, scales, in_dim),
+            } => self.int4_to(packed, scales, *group, in_dim, target),
+            WeightData::Mxfp4 { packed, scales } => self.mxfp4_to(packed, scales, in_dim, target),
             WeightData::Q8_0 { .. } | WeightData::Ggml { .. } => return None,
         })
     }

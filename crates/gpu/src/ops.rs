@@ -10,6 +10,7 @@ use std::sync::Arc;
 use crate::matrix::{le_bytes, u32_of, GpuMatrix, RecordedKey, Tile, WeightFormat, MAX_GROUPS, RECORDED_MAX};
 use crate::ops_state::{BindCache, Kernel, Pool, Pooled, OPS_PARAMS};
 use crate::product::{dispatches, Dispatch, PARAMS_STRIDE};
+use crate::slab::Slot;
 use crate::{Gpu, GpuError};
 
 /// Invocations per workgroup of the kernels (`WG` in the shader).
@@ -87,6 +88,7 @@ fn is_transfer(op: &Op) -> bool {
 fn label(op: &Op) -> String {
     match op {
         Op::Matmul { format, tile, .. } => format!("GPU time: product {format:?} {tile}"),
+        Op::Grouped { format, tile, .. } => format!("GPU time: experts' products {format:?} {tile}"),
         Op::Kernel { k, .. } => format!("GPU time: {}", k.entry()),
         Op::Copy { .. } | Op::Clear(_) => "GPU time: transfers".into(),
     }
@@ -106,6 +108,17 @@ enum Op {
         x_bytes: u64,
         y: wgpu::Buffer,
         y_bytes: u64,
+    },
+    /// The products of several experts whose matrices share one slab, one dispatch
+    /// (`Recorder::matmul_experts`).
+    Grouped {
+        format: WeightFormat,
+        tile: Tile,
+        w: wgpu::Buffer,
+        d: Dispatch,
+        items: wgpu::Buffer,
+        x: wgpu::Buffer,
+        y: wgpu::Buffer,
     },
     Kernel {
         k: Kernel,
@@ -130,6 +143,9 @@ pub struct Recorder<'g> {
     ops: Vec<Op>,
     /// Every tensor an op uses, held until the work is done.
     used: Vec<Arc<Pooled>>,
+    /// The slab slots of the experts whose products were recorded: held until the work is
+    /// done, so no other expert is written there before it.
+    slots: Vec<Arc<Slot>>,
 }
 
 fn shape(what: String) -> GpuError {
@@ -212,6 +228,7 @@ impl Gpu {
             gpu: self,
             ops: Vec::new(),
             used: Vec::new(),
+            slots: Vec::new(),
         }
     }
 }
@@ -222,8 +239,33 @@ impl<'g> Recorder<'g> {
         self.gpu
     }
 
+    /// Holds the slab slots of `m`'s chunks until the recorded work is done.
+    pub(crate) fn hold_slots(&mut self, m: &GpuMatrix) {
+        self.slots.extend(m.chunks.iter().filter_map(|c| c.slot.clone()));
+    }
+
+    pub(crate) fn push_grouped(
+        &mut self,
+        (format, tile): (WeightFormat, Tile),
+        (w, d): (&wgpu::Buffer, Dispatch),
+        items: &GpuTensor,
+        x: &GpuTensor,
+        y: &GpuTensor,
+    ) {
+        let (items, x, y) = (self.hold(items), self.hold(x), self.hold(y));
+        self.ops.push(Op::Grouped {
+            format,
+            tile,
+            w: w.clone(),
+            d,
+            items,
+            x,
+            y,
+        });
+    }
+
     /// Holds `t` until the recorded work is done; its buffer.
-    fn hold(&mut self, t: &GpuTensor) -> wgpu::Buffer {
+    pub(crate) fn hold(&mut self, t: &GpuTensor) -> wgpu::Buffer {
         self.used.push(t.inner.clone());
         t.buf().clone()
     }
@@ -273,6 +315,7 @@ impl<'g> Recorder<'g> {
         }
         let tile = self.gpu.forced_tile.unwrap_or(Tile::for_product(tokens, m.rows));
         let (xb, yb) = (self.hold(x), self.hold(y));
+        self.hold_slots(m);
         self.ops.push(Op::Matmul {
             format: m.format,
             tile,
@@ -634,6 +677,7 @@ impl<'g> Recorder<'g> {
         for op in &self.ops {
             match op {
                 Op::Matmul { ds, .. } => ds.iter().for_each(|d| put(&d.params)),
+                Op::Grouped { d, .. } => put(&d.params),
                 Op::Kernel { params, .. } => put(&le_bytes(params.as_slice())),
                 Op::Copy { .. } | Op::Clear(_) => {}
             }
@@ -684,6 +728,21 @@ impl<'g> Recorder<'g> {
                 g.record_in(pass, *format, *tile, ds, &binds, slot);
                 ds.len() as u64
             }
+            Op::Grouped {
+                format,
+                tile,
+                w,
+                d,
+                items,
+                x,
+                y,
+            } => {
+                let bind = g.grouped_bind(w, [x, y, params, items]);
+                pass.set_pipeline(g.matmul_pipeline(*format, *tile, true));
+                pass.set_bind_group(0, &bind, &[(slot * PARAMS_STRIDE) as u32]);
+                pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+                1
+            }
             Op::Kernel { k, bufs, groups, .. } => {
                 let o = &g.ops;
                 let entries: Vec<wgpu::BindGroupEntry<'_>> = bufs
@@ -730,7 +789,9 @@ impl<'g> Recorder<'g> {
                 bytes,
             } => enc.copy_buffer_to_buffer(src, *src_off, dst, *dst_off, *bytes),
             Op::Clear(buf) => enc.clear_buffer(buf, 0, None),
-            Op::Matmul { .. } | Op::Kernel { .. } => unreachable!("recorded in a pass"),
+            Op::Matmul { .. } | Op::Grouped { .. } | Op::Kernel { .. } => {
+                unreachable!("recorded in a pass")
+            }
         }
     }
 }

@@ -4,10 +4,14 @@
 //! ([`Recorder::gather_routed`]). The experts' products then run on their slices
 //! ([`Recorder::matmul_at`]), and one dispatch sums each token's weighted outputs in ascending
 //! expert order ([`Recorder::combine`]). So a token's sum never depends on its batch, and a layer
-//! costs one upload and two dispatches besides its products.
+//! costs one upload and two dispatches besides its products. The experts' products themselves
+//! run as one dispatch for all the experts whose matrices share a slab
+//! ([`Recorder::matmul_experts`]).
 
+use crate::matrix::{u32_of, GpuMatrix, MatmulParams, Tile, MAX_GROUPS};
 use crate::ops::{grid, need, GpuTensor, Recorder};
 use crate::ops_state::Kernel;
+use crate::product::{chunk_base, row_grid, Dispatch};
 use crate::GpuError;
 
 /// Where each expert's rows lie once gathered, and the table the kernels read.
@@ -130,6 +134,132 @@ impl Recorder<'_> {
             prm,
             groups,
         );
+        Ok(())
+    }
+}
+
+/// The experts of one grouped dispatch: their slab, their scales' offset, their indices.
+struct Group<'a> {
+    slab: &'a wgpu::Buffer,
+    s_off: u32,
+    experts: Vec<usize>,
+}
+
+impl Recorder<'_> {
+    /// Expert i's rows of `y` = `ms[i]` applied to its rows of `x`: `rows[i].1` rows from row
+    /// `rows[i].0`, packed as a [`Routing`] lays them out (rows of `x` of the matrices' inputs,
+    /// of `y` of their outputs). Each output has the bits [`Recorder::matmul_at`] gives it. The
+    /// experts whose matrices lie in one slab run as one dispatch, each workgroup on one item
+    /// (an expert and a block of its rows); the others as a product each.
+    pub fn matmul_experts(
+        &mut self,
+        ms: &[&GpuMatrix],
+        rows: &[(usize, usize)],
+        x: &GpuTensor,
+        y: &GpuTensor,
+    ) -> Result<(), GpuError> {
+        let Some(first) = ms.first() else {
+            return Ok(());
+        };
+        let (out, ind) = (first.rows, first.in_dim);
+        if ms.len() != rows.len() {
+            return Err(GpuError::Shape(format!(
+                "{} experts, {} row ranges",
+                ms.len(),
+                rows.len()
+            )));
+        }
+        if let Some(m) = ms
+            .iter()
+            .find(|m| m.rows != out || m.in_dim != ind || m.format != first.format)
+        {
+            return Err(GpuError::Shape(format!(
+                "experts of one product are {:?} {}x{} and {:?} {}x{}",
+                first.format, out, ind, m.format, m.rows, m.in_dim
+            )));
+        }
+        let end = rows.iter().map(|r| r.0 + r.1).max().unwrap_or(0);
+        need(x, end * ind, "experts' activations")?;
+        need(y, end * out, "experts' outputs")?;
+        let most = rows.iter().map(|r| r.1).max().unwrap_or(0);
+        let tile = self
+            .gpu()
+            .forced_tile
+            .unwrap_or(Tile::for_product(most.min(2), out));
+        let same_scales = |m: &GpuMatrix| {
+            let (a, b) = (m.scales, first.scales);
+            (a.row_bytes, a.per_row, a.rows, a.cols) == (b.row_bytes, b.per_row, b.rows, b.cols)
+        };
+        let mut groups: Vec<Group<'_>> = Vec::new();
+        for (i, m) in ms.iter().enumerate() {
+            let (r0, n) = rows[i];
+            match m.slab() {
+                _ if n == 0 => {}
+                Some(slab) if same_scales(m) => {
+                    let s_off = m.chunks[0].s_off;
+                    match groups.iter_mut().find(|g| g.slab == slab && g.s_off == s_off) {
+                        Some(g) => g.experts.push(i),
+                        None => groups.push(Group {
+                            slab,
+                            s_off,
+                            experts: vec![i],
+                        }),
+                    }
+                }
+                _ => self.matmul_at(m, x, r0 * ind, n, y, r0 * out)?,
+            }
+        }
+        if groups.is_empty() {
+            return Ok(());
+        }
+        // Every group's items, one upload: (start in `w`, first row, rows, first row taken).
+        let mut items: Vec<f32> = Vec::new();
+        let mut spans = Vec::with_capacity(groups.len());
+        for g in &groups {
+            let at = items.len() / 4;
+            for &i in &g.experts {
+                let m = ms[i];
+                let (elem0, w0) = chunk_base(m, &m.chunks[0])?;
+                let base = if m.format.packed() { w0 } else { elem0 };
+                let (r0, n) = (
+                    u32_of(rows[i].0, "first routed row")?,
+                    u32_of(rows[i].1, "routed rows")?,
+                );
+                for t0 in (0..n).step_by(tile.tokens as usize) {
+                    items.extend([base, r0, n, t0].map(f32::from_bits));
+                }
+            }
+            spans.push((at, items.len() / 4 - at));
+        }
+        let table = self.gpu().upload_tensor(&items)?;
+        let (grid_x, grid_y) = row_grid(out, tile);
+        for (g, (at, n)) in groups.iter().zip(spans) {
+            for &i in &g.experts {
+                self.hold_slots(ms[i]);
+            }
+            for from in (0..n).step_by(MAX_GROUPS) {
+                let p = MatmulParams {
+                    rows: u32_of(out, "rows")?,
+                    in_dim: u32_of(ind, "inputs")?,
+                    tokens: 0,
+                    out_stride: u32_of(out, "rows")?,
+                    row0: 0,
+                    grid_x: grid_x as u32,
+                    elem0: 0,
+                    s_off: g.s_off,
+                    scales: first.scales,
+                    x0: 0,
+                    y0: 0,
+                    w0: 0,
+                    items0: u32_of(at + from, "first item")?,
+                };
+                let d = Dispatch {
+                    params: p.bytes(),
+                    groups: [grid_x as u32, grid_y as u32, (n - from).min(MAX_GROUPS) as u32],
+                };
+                self.push_grouped((first.format, tile), (g.slab, d), &table, x, y);
+            }
+        }
         Ok(())
     }
 }

@@ -1,7 +1,7 @@
 //! Weights of the packed formats (INT8, FP8 block, INT4 g, MXFP4) in GPU memory: each chunk of
 //! rows holds the checkpoint's bytes of its rows and, behind them, the scales of those rows.
 
-use crate::matrix::{le_bytes, u32_of, GpuMatrix, ScaleLayout, WeightFormat};
+use crate::matrix::{le_bytes, u32_of, GpuMatrix, ScaleLayout, Target, WeightFormat};
 use crate::{Gpu, GpuError};
 
 /// A packed matrix as the CPU holds it: bytes of weights per row and its scales.
@@ -20,22 +20,15 @@ struct Packed<'a> {
     block_cols: usize,
 }
 
+/// A matrix always takes its own buffers.
+fn own(m: Result<Option<GpuMatrix>, GpuError>) -> Result<GpuMatrix, GpuError> {
+    Ok(m?.expect("own buffers always take a chunk"))
+}
+
 impl Gpu {
     /// Uploads INT8 weights (`w`: rows x `in_dim`) with one f32 scale per row.
     pub fn upload_int8(&self, w: &[i8], scales: &[f32], in_dim: usize) -> Result<GpuMatrix, GpuError> {
-        let bytes = le_bytes(w);
-        let scale_bytes = le_bytes(scales);
-        self.upload_packed(Packed {
-            format: WeightFormat::Int8,
-            in_dim,
-            weights: &bytes,
-            row_bytes: in_dim,
-            scales: &scale_bytes,
-            scale_bytes: 4,
-            per_row: 1,
-            block_rows: 1,
-            block_cols: in_dim.max(1),
-        })
+        own(self.int8_to(w, scales, in_dim, Target::Own))
     }
 
     /// Uploads FP8 E4M3 weights (`w`: rows x `in_dim`) with f32 scales per block of
@@ -47,18 +40,7 @@ impl Gpu {
         block: (usize, usize),
         in_dim: usize,
     ) -> Result<GpuMatrix, GpuError> {
-        let scale_bytes = le_bytes(scales);
-        self.upload_packed(Packed {
-            format: WeightFormat::Fp8,
-            in_dim,
-            weights: w,
-            row_bytes: in_dim,
-            scales: &scale_bytes,
-            scale_bytes: 4,
-            per_row: in_dim.div_ceil(block.1.max(1)),
-            block_rows: block.0,
-            block_cols: block.1,
-        })
+        own(self.fp8_to(w, scales, block, in_dim, Target::Own))
     }
 
     /// Uploads INT4 pack-quantized weights (`packed`: rows x ceil(in_dim / 8) words, code - 8
@@ -70,9 +52,72 @@ impl Gpu {
         group: usize,
         in_dim: usize,
     ) -> Result<GpuMatrix, GpuError> {
+        own(self.int4_to(packed, scales, group, in_dim, Target::Own))
+    }
+
+    /// Uploads MXFP4 weights (`packed`: rows x ceil(in_dim / 2) bytes) with E8M0 scales per 32
+    /// inputs (rows x ceil(in_dim / 32)).
+    pub fn upload_mxfp4(&self, packed: &[u8], scales: &[u8], in_dim: usize) -> Result<GpuMatrix, GpuError> {
+        own(self.mxfp4_to(packed, scales, in_dim, Target::Own))
+    }
+
+    pub(crate) fn int8_to(
+        &self,
+        w: &[i8],
+        scales: &[f32],
+        in_dim: usize,
+        target: Target<'_>,
+    ) -> Result<Option<GpuMatrix>, GpuError> {
+        let bytes = le_bytes(w);
+        let scale_bytes = le_bytes(scales);
+        let p = Packed {
+            format: WeightFormat::Int8,
+            in_dim,
+            weights: &bytes,
+            row_bytes: in_dim,
+            scales: &scale_bytes,
+            scale_bytes: 4,
+            per_row: 1,
+            block_rows: 1,
+            block_cols: in_dim.max(1),
+        };
+        self.upload_packed(p, target)
+    }
+
+    pub(crate) fn fp8_to(
+        &self,
+        w: &[u8],
+        scales: &[f32],
+        block: (usize, usize),
+        in_dim: usize,
+        target: Target<'_>,
+    ) -> Result<Option<GpuMatrix>, GpuError> {
+        let scale_bytes = le_bytes(scales);
+        let p = Packed {
+            format: WeightFormat::Fp8,
+            in_dim,
+            weights: w,
+            row_bytes: in_dim,
+            scales: &scale_bytes,
+            scale_bytes: 4,
+            per_row: in_dim.div_ceil(block.1.max(1)),
+            block_rows: block.0,
+            block_cols: block.1,
+        };
+        self.upload_packed(p, target)
+    }
+
+    pub(crate) fn int4_to(
+        &self,
+        packed: &[u32],
+        scales: &[u16],
+        group: usize,
+        in_dim: usize,
+        target: Target<'_>,
+    ) -> Result<Option<GpuMatrix>, GpuError> {
         let words = le_bytes(packed);
         let scale_bytes = le_bytes(scales);
-        self.upload_packed(Packed {
+        let p = Packed {
             format: WeightFormat::Int4,
             in_dim,
             weights: &words,
@@ -82,13 +127,18 @@ impl Gpu {
             per_row: in_dim.div_ceil(group.max(1)),
             block_rows: 1,
             block_cols: group,
-        })
+        };
+        self.upload_packed(p, target)
     }
 
-    /// Uploads MXFP4 weights (`packed`: rows x ceil(in_dim / 2) bytes) with E8M0 scales per 32
-    /// inputs (rows x ceil(in_dim / 32)).
-    pub fn upload_mxfp4(&self, packed: &[u8], scales: &[u8], in_dim: usize) -> Result<GpuMatrix, GpuError> {
-        self.upload_packed(Packed {
+    pub(crate) fn mxfp4_to(
+        &self,
+        packed: &[u8],
+        scales: &[u8],
+        in_dim: usize,
+        target: Target<'_>,
+    ) -> Result<Option<GpuMatrix>, GpuError> {
+        let p = Packed {
             format: WeightFormat::Mxfp4,
             in_dim,
             weights: packed,
@@ -98,11 +148,13 @@ impl Gpu {
             per_row: in_dim.div_ceil(32),
             block_rows: 1,
             block_cols: 32,
-        })
+        };
+        self.upload_packed(p, target)
     }
 
-    /// Splits `p` by whole rows of scales into chunks that each fit one binding.
-    fn upload_packed(&self, p: Packed) -> Result<GpuMatrix, GpuError> {
+    /// Splits `p` by whole rows of scales into chunks that each fit one binding. None: `target`
+    /// is a slab slot and had no room, or the matrix takes more than one chunk.
+    fn upload_packed(&self, p: Packed, target: Target<'_>) -> Result<Option<GpuMatrix>, GpuError> {
         let format = p.format;
         if p.in_dim == 0 || p.block_rows == 0 || p.block_cols == 0 {
             return Err(GpuError::Shape(format!(
@@ -137,6 +189,9 @@ impl Gpu {
         }
         u32_of(rows * p.row_bytes + want + 32, "weight bytes")?;
         let per_chunk = ((self.max_binding / block_bytes) as usize).max(1) * p.block_rows;
+        if matches!(target, Target::Slot(_)) && per_chunk < rows {
+            return Ok(None);
+        }
         let mut chunks = Vec::new();
         let mut row0 = 0;
         while row0 < rows {
@@ -145,10 +200,14 @@ impl Gpu {
             let s_off = weights.len().next_multiple_of(16);
             let s0 = row0 / p.block_rows * scale_row;
             let s1 = (row0 + take).div_ceil(p.block_rows) * scale_row;
-            chunks.push(self.chunk(row0, take, 0, s_off as u32, &[weights, &p.scales[s0..s1]])?);
+            let parts = [weights, &p.scales[s0..s1]];
+            match self.chunk((row0, take), 0, s_off as u32, &parts, target)? {
+                Some(c) => chunks.push(c),
+                None => return Ok(None),
+            }
             row0 += take;
         }
-        Ok(GpuMatrix {
+        Ok(Some(GpuMatrix {
             format,
             rows,
             in_dim: p.in_dim,
@@ -159,6 +218,6 @@ impl Gpu {
                 rows: p.block_rows as u32,
                 cols: p.block_cols as u32,
             },
-        })
+        }))
     }
 }

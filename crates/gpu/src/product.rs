@@ -5,7 +5,7 @@
 use wgpu::util::DeviceExt;
 
 use crate::matrix::{
-    entry, le_bytes, u32_of, GpuMatrix, MatmulParams, Tile, WeightFormat, MATMUL_PARAMS, MAX_GROUPS,
+    entry, le_bytes, u32_of, Chunk, GpuMatrix, MatmulParams, Tile, WeightFormat, MATMUL_PARAMS, MAX_GROUPS,
 };
 use crate::{Gpu, GpuError};
 
@@ -38,7 +38,7 @@ struct Planned {
 /// One chunk's dispatch: its parameters and workgroups.
 pub(crate) struct Dispatch {
     pub(crate) params: [u8; MATMUL_PARAMS],
-    groups: [u32; 3],
+    pub(crate) groups: [u32; 3],
 }
 
 /// A compute shader's storage buffer binding.
@@ -55,25 +55,30 @@ pub(crate) fn storage(binding: u32, read_only: bool) -> wgpu::BindGroupLayoutEnt
     }
 }
 
-/// The bind group layout every product pipeline shares (the uniform at a dynamic offset).
-pub(crate) fn matmul_layout(device: &wgpu::Device) -> wgpu::BindGroupLayout {
-    device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-        label: Some("matmul"),
-        entries: &[
-            storage(0, true),
-            storage(1, true),
-            storage(2, false),
-            wgpu::BindGroupLayoutEntry {
-                binding: 3,
-                visibility: wgpu::ShaderStages::COMPUTE,
-                ty: wgpu::BindingType::Buffer {
-                    ty: wgpu::BufferBindingType::Uniform,
-                    has_dynamic_offset: true,
-                    min_binding_size: wgpu::BufferSize::new(PARAMS_BYTES),
-                },
-                count: None,
+/// The bind group layout every product pipeline shares (the uniform at a dynamic offset);
+/// `grouped`: with the items of a product of several experts (binding 4).
+pub(crate) fn matmul_layout(device: &wgpu::Device, grouped: bool) -> wgpu::BindGroupLayout {
+    let mut entries = vec![
+        storage(0, true),
+        storage(1, true),
+        storage(2, false),
+        wgpu::BindGroupLayoutEntry {
+            binding: 3,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: wgpu::BufferBindingType::Uniform,
+                has_dynamic_offset: true,
+                min_binding_size: wgpu::BufferSize::new(PARAMS_BYTES),
             },
-        ],
+            count: None,
+        },
+    ];
+    if grouped {
+        entries.push(storage(4, true));
+    }
+    device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+        label: Some(if grouped { "grouped matmul" } else { "matmul" }),
+        entries: &entries,
     })
 }
 
@@ -278,18 +283,33 @@ impl Gpu {
         Ok(run(reps.max(1))? / reps.max(1) as f64)
     }
 
-    /// The product pipeline of `format` and `tile`, made at its first use.
-    fn matmul_pipeline(&self, format: WeightFormat, tile: Tile) -> &wgpu::ComputePipeline {
-        self.matmul[format.index() * Tile::ALL.len() + tile.index()].get_or_init(|| {
-            let label = format!("matmul {format:?} {tile}");
+    /// The product pipeline of `format` and `tile`, made at its first use; `grouped`: the form
+    /// that reads each workgroup's expert from a table of items.
+    pub(crate) fn matmul_pipeline(
+        &self,
+        format: WeightFormat,
+        tile: Tile,
+        grouped: bool,
+    ) -> &wgpu::ComputePipeline {
+        let i = format.index() * Tile::ALL.len() + tile.index();
+        let (cell, layout) = match grouped {
+            false => (&self.matmul[i], &self.matmul_pipeline_layout),
+            true => (&self.grouped[i], &self.grouped_pipeline_layout),
+        };
+        cell.get_or_init(|| {
+            let label = format!(
+                "matmul {format:?} {tile}{}",
+                if grouped { " grouped" } else { "" }
+            );
+            let source = crate::shader::matmul_source(format, tile, grouped);
             let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
                 label: Some(&label),
-                source: wgpu::ShaderSource::Wgsl(crate::shader::matmul_source(format, tile).into()),
+                source: wgpu::ShaderSource::Wgsl(source.into()),
             });
             self.device
                 .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                     label: Some(&label),
-                    layout: Some(&self.matmul_pipeline_layout),
+                    layout: Some(layout),
                     module: &module,
                     entry_point: Some("main"),
                     compilation_options: Default::default(),
@@ -355,6 +375,46 @@ impl Gpu {
         })
     }
 
+    /// The bind group of a grouped product: the slab `w`, then activations, outputs,
+    /// parameters and items, each bound whole (within one binding's bytes).
+    pub(crate) fn grouped_bind(
+        &self,
+        w: &wgpu::Buffer,
+        [x, y, params, items]: [&wgpu::Buffer; 4],
+    ) -> wgpu::BindGroup {
+        let most = self.binding_limit / 16 * 16;
+        fn range(buffer: &wgpu::Buffer, size: u64) -> wgpu::BindingResource<'_> {
+            wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer,
+                offset: 0,
+                size: wgpu::BufferSize::new(size),
+            })
+        }
+        self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &self.grouped_layout,
+            entries: &[
+                entry(0, w),
+                wgpu::BindGroupEntry {
+                    binding: 1,
+                    resource: range(x, x.size().min(most)),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 2,
+                    resource: range(y, y.size().min(most)),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 3,
+                    resource: range(params, PARAMS_BYTES),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 4,
+                    resource: range(items, items.size().min(most)),
+                },
+            ],
+        })
+    }
+
     /// Records one product's dispatches (chunk i with `binds[i]`, its parameters at offset
     /// (slot0 + i) * PARAMS_STRIDE of the uniform buffer) into one compute pass.
     pub(crate) fn record_at(
@@ -380,7 +440,7 @@ impl Gpu {
         binds: &[wgpu::BindGroup],
         slot0: u64,
     ) {
-        pass.set_pipeline(self.matmul_pipeline(format, tile));
+        pass.set_pipeline(self.matmul_pipeline(format, tile, false));
         for (i, (d, bind)) in ds.iter().zip(binds).enumerate() {
             pass.set_bind_group(0, bind, &[((slot0 + i as u64) * PARAMS_STRIDE) as u32]);
             pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
@@ -455,9 +515,8 @@ pub(crate) fn dispatches(
     m.chunks
         .iter()
         .map(|c| {
-            let blocks = c.rows.div_ceil(tile.rows as usize);
-            let grid_x = blocks.min(MAX_GROUPS);
-            let grid_y = blocks.div_ceil(grid_x);
+            let (grid_x, grid_y) = row_grid(c.rows, tile);
+            let (elem0, w0) = chunk_base(m, c)?;
             let p = MatmulParams {
                 rows: c.rows as u32,
                 in_dim: m.in_dim as u32,
@@ -465,11 +524,13 @@ pub(crate) fn dispatches(
                 out_stride: m.rows as u32,
                 row0: c.row0 as u32,
                 grid_x: grid_x as u32,
-                elem0: c.elem0,
+                elem0,
                 s_off: c.s_off,
                 scales: m.scales,
                 x0: u32_of(at.0, "first activation")?,
                 y0: u32_of(at.1, "first output")?,
+                w0,
+                items0: 0,
             };
             Ok(Dispatch {
                 params: p.bytes(),
@@ -477,6 +538,27 @@ pub(crate) fn dispatches(
             })
         })
         .collect()
+}
+
+/// Workgroups along x and y for `rows` rows through `tile` (row block = x + y * grid_x).
+pub(crate) fn row_grid(rows: usize, tile: Tile) -> (usize, usize) {
+    let blocks = rows.div_ceil(tile.rows as usize);
+    let grid_x = blocks.clamp(1, MAX_GROUPS);
+    (grid_x, blocks.div_ceil(grid_x))
+}
+
+/// Where chunk `c` of `m` starts in its buffer, as the shader takes it: (the float formats'
+/// first element, the packed formats' first byte).
+pub(crate) fn chunk_base(m: &GpuMatrix, c: &Chunk) -> Result<(u32, u32), GpuError> {
+    let bytes = m.format.elem_bytes() as u64;
+    if !m.format.packed() {
+        Ok((
+            u32_of((u64::from(c.elem0) + c.base / bytes) as usize, "first weight")?,
+            0,
+        ))
+    } else {
+        Ok((c.elem0, u32_of(c.base as usize, "first weight byte")?))
+    }
 }
 
 /// Makes `slot`'s buffer anew (a power of two of bytes) when it is missing or smaller than

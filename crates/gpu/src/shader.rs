@@ -11,8 +11,10 @@ use std::fmt::Write;
 
 use crate::matrix::{Tile, WeightFormat};
 
-/// The whole WGSL of `format`'s product through `tile`.
-pub(crate) fn matmul_source(format: WeightFormat, tile: Tile) -> String {
+/// The whole WGSL of `format`'s product through `tile`; `grouped`: the form whose workgroups
+/// each take one item of a table (an expert's matrix, rows and block of tokens), so one dispatch
+/// runs the products of several experts, each output's sum the same as the plain form's.
+pub(crate) fn matmul_source(format: WeightFormat, tile: Tile, grouped: bool) -> String {
     let float = include_str!("shaders/float.wgsl");
     let packed = include_str!("shaders/packed.wgsl");
     let functions = match format {
@@ -30,14 +32,23 @@ pub(crate) fn matmul_source(format: WeightFormat, tile: Tile) -> String {
         .replace("ROWS_PER_GROUP", &tile.rows.to_string())
         .replace("TOKENS_PER_GROUP", &tile.tokens.to_string())
         .replace("FORMAT_FUNCTIONS", &functions);
-    main(&mut s, tile.rows as usize, tile.tokens as usize);
+    if grouped {
+        s.push_str(
+            "
+// The grouped form's items: (the expert's matrix's start in `w` as `wb` takes it, its first
+// packed row in x and y, its number of rows, the first of them this workgroup takes).
+@group(0) @binding(4) var<storage, read> items: array<vec4<u32>>;
+",
+        );
+    }
+    main(&mut s, tile.rows as usize, tile.tokens as usize, grouped);
     s
 }
 
 /// Groups of weights a one-token tile loads ahead.
 const AHEAD: usize = 4;
 
-fn main(s: &mut String, rb: usize, tb: usize) {
+fn main(s: &mut String, rb: usize, tb: usize, grouped: bool) {
     // At most 64 weights loaded ahead per invocation (registers).
     let unroll = if tb == 1 { (8 / rb).clamp(1, AHEAD) } else { 1 };
     let mut o = String::new();
@@ -45,20 +56,35 @@ fn main(s: &mut String, rb: usize, tb: usize) {
         "\n@compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l: u32) {
     let r0 = (wg.x + wg.y * prm.grid_x) * RB;
-    let t0 = wg.z * TB;
     if (r0 >= prm.rows) {
         return;
     }
-    // Rows and tokens past the ends are computed on the last ones and never written.
 ",
     );
+    o.push_str(if grouped {
+        "    let it = items[prm.items0 + wg.z];
+    wb = it.x;
+    let t0 = it.w;
+    let tokens = it.z;
+    let x0 = prm.x0 + it.y * prm.in_dim;
+    let y0 = prm.y0 + it.y * prm.out_stride;
+"
+    } else {
+        "    wb = chunk_base();
+    let t0 = wg.z * TB;
+    let tokens = prm.tokens;
+    let x0 = prm.x0;
+    let y0 = prm.y0;
+"
+    });
+    o.push_str("    // Rows and tokens past the ends are computed on the last ones and never written.\n");
     for i in 0..rb {
         let _ = writeln!(o, "    let r_{i} = min(r0 + {i}u, prm.rows - 1u);");
     }
     for t in 0..tb {
         let _ = writeln!(
             o,
-            "    let x_{t} = prm.x0 + min(t0 + {t}u, prm.tokens - 1u) * prm.in_dim;"
+            "    let x_{t} = x0 + min(t0 + {t}u, tokens - 1u) * prm.in_dim;"
         );
     }
     for i in 0..rb {
@@ -111,8 +137,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     for (var o = l; o < OUTS; o = o + LANES) {
         let r = r0 + o / TB;
         let t = t0 + o % TB;
-        if (r < prm.rows && t < prm.tokens) {
-            y[prm.y0 + t * prm.out_stride + prm.row0 + r] = part[0][o];
+        if (r < prm.rows && t < tokens) {
+            y[y0 + t * prm.out_stride + prm.row0 + r] = part[0][o];
         }
     }
 }

@@ -123,6 +123,38 @@ impl<'g> Pass<'g> {
         self.rec.matmul_at(m, x, x0, tokens, y, y0).map_err(gpu_err)
     }
 
+    /// Expert i's rows of `y` = `lins[i]` applied to its rows of `x` (`rows[i]`: first row, rows;
+    /// packed as a routing table lays them out), as one dispatch for the experts kept in one
+    /// slab of GPU memory ([`strata_gpu::Recorder::matmul_experts`]).
+    pub(crate) fn experts_product(
+        &mut self,
+        lins: &[&Linear],
+        rows: &[(usize, usize)],
+        x: &GpuTensor,
+        y: &GpuTensor,
+    ) -> Result<()> {
+        let copies = lins
+            .iter()
+            .map(|lin| {
+                lin.on_device().ok_or_else(|| {
+                    gpu_err(format!(
+                        "no GPU copy of a {} expert weight",
+                        lin.data.format_name()
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let ms = copies
+            .iter()
+            .map(|c| {
+                self.off
+                    .matrix(c.matrix())
+                    .ok_or_else(|| gpu_err("a weight on another device"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.rec.matmul_experts(&ms, rows, x, y).map_err(gpu_err)
+    }
+
     /// `down(act(gate(x), up(x)))` of the T rows of `x`: (T, down's rows).
     pub(crate) fn mlp(
         &mut self,

@@ -2,9 +2,10 @@
 //! (`--gpu-experts`): the router's logits (and the next layer's guess) are the only values that
 //! go back; the CPU routes and asks the expert store, and the experts' work is recorded with the
 //! layer. One table per layer (uploaded once) packs every expert's token rows one expert after
-//! the other: one dispatch gathers them, each expert's gate and up products run on its slice as
-//! it arrives, one activation covers all of them, then each down product, and one dispatch sums
-//! each token's weighted outputs.
+//! the other: one dispatch gathers them; once the store has delivered every expert, their gate,
+//! up and down products each run as one dispatch per slab of kept experts (one product each for
+//! the others), one activation covers all of them between, and one dispatch sums each token's
+//! weighted outputs.
 //!
 //! Each token sums its experts' outputs in ascending expert order from zero, then adds the
 //! shared expert's: so a token's sum never depends on its batch, on the order the store
@@ -13,6 +14,7 @@
 use std::sync::Arc;
 
 use strata_gpu::GpuTensor;
+use strata_kernels::Linear;
 use strata_weights::Expert;
 
 use crate::decoder::next_moe_input;
@@ -85,27 +87,19 @@ impl Decoder {
         };
         let xe = pass.tensor(rows * d)?;
         pass.rec.gather_routed(h, &routing, d, &xe).map_err(gpu_err)?;
-        let (g, u) = (pass.tensor(rows * f)?, pass.tensor(rows * f)?);
-        // Each expert's gate and up products as it arrives; its down product waits for the
-        // activation, one dispatch over every expert's rows.
+        // The experts as the store delivers them; then each of their three products as one
+        // dispatch per slab ([`Pass::experts_product`]).
         let mut held: Vec<Option<Arc<Expert>>> = vec![None; ids.len()];
         let mut failed: Option<ModelError> = None;
         moe.store
             .get_batches(moe.layer, &ids, &mut |ready| {
                 for (i, expert) in ready {
-                    let (r0, n) = routing.expert(*i);
-                    let mut up_gate = || -> Result<()> {
-                        let (gate, down) = (&expert.gate, &expert.down);
-                        if gate.out_dim != f || gate.in_dim != d || down.in_dim != f || down.out_dim != d {
-                            return Err(gpu_err(format!(
-                                "expert {} of layer {} is {}x{} -> {}x{}, the layout says {f}x{d}",
-                                ids[*i], moe.layer, gate.out_dim, gate.in_dim, down.out_dim, down.in_dim
-                            )));
-                        }
-                        pass.product_at(&expert.gate, &xe, r0 * d, n, &g, r0 * f)?;
-                        pass.product_at(&expert.up, &xe, r0 * d, n, &u, r0 * f)
-                    };
-                    if let Err(e) = up_gate() {
+                    let (gate, down) = (&expert.gate, &expert.down);
+                    if gate.out_dim != f || gate.in_dim != d || down.in_dim != f || down.out_dim != d {
+                        let e = gpu_err(format!(
+                            "expert {} of layer {} is {}x{} -> {}x{}, the layout says {f}x{d}",
+                            ids[*i], moe.layer, gate.out_dim, gate.in_dim, down.out_dim, down.in_dim
+                        ));
                         let text = e.to_string();
                         failed = Some(e);
                         return Err(text.into());
@@ -121,18 +115,26 @@ impl Decoder {
                     cause,
                 },
             })?;
-        pass.rec.glu(&g, &u, rows * f, glu_of(moe.act)).map_err(gpu_err)?;
-        let ys = pass.tensor(rows * d)?;
-        for (i, expert) in held.iter().enumerate() {
-            let Some(expert) = expert else {
-                return Err(ModelError::Experts {
+        let experts = held
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                e.as_deref().ok_or_else(|| ModelError::Experts {
                     layer: moe.layer,
                     cause: format!("expert {} never delivered", ids[i]).into(),
-                });
-            };
-            let (r0, n) = routing.expert(i);
-            pass.product_at(&expert.down, &g, r0 * f, n, &ys, r0 * d)?;
-        }
+                })
+            })
+            .collect::<Result<Vec<&Expert>>>()?;
+        let spans: Vec<(usize, usize)> = (0..ids.len()).map(|i| routing.expert(i)).collect();
+        let (g, u) = (pass.tensor(rows * f)?, pass.tensor(rows * f)?);
+        let gates: Vec<&Linear> = experts.iter().map(|e| &e.gate).collect();
+        pass.experts_product(&gates, &spans, &xe, &g)?;
+        let ups: Vec<&Linear> = experts.iter().map(|e| &e.up).collect();
+        pass.experts_product(&ups, &spans, &xe, &u)?;
+        pass.rec.glu(&g, &u, rows * f, glu_of(moe.act)).map_err(gpu_err)?;
+        let ys = pass.tensor(rows * d)?;
+        let downs: Vec<&Linear> = experts.iter().map(|e| &e.down).collect();
+        pass.experts_product(&downs, &spans, &g, &ys)?;
         let sum = pass.tensor(n_tokens * d)?;
         pass.rec.combine(&sum, &ys, &routing, d).map_err(gpu_err)?;
         if let Some(y) = &shared {

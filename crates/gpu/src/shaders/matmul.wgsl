@@ -23,8 +23,8 @@ struct Params {
     s_cols: u32,     // inputs per scale
     x0: u32,         // first activation in x (values)
     y0: u32,         // first output in y (values)
-    pad0: u32,
-    pad1: u32,
+    w0: u32,         // byte offset of the chunk in `w` (packed formats)
+    items0: u32,     // first item of a product of several experts (grouped form)
 }
 
 @group(0) @binding(0) var<storage, read> w: array<vec4<WORD>>;
@@ -41,6 +41,10 @@ const TB: u32 = TOKENS_PER_GROUPu;
 const OUTS: u32 = RB * TB;
 
 var<workgroup> part: array<array<f32, OUTS>, 64>;
+
+// Where the workgroup's matrix starts in `w` (the float formats' first element, the packed
+// formats' first byte): the chunk's (`chunk_base`), or in the grouped form its item's expert's.
+var<private> wb: u32;
 
 FORMAT_FUNCTIONS
 

@@ -1,10 +1,15 @@
 // Packed formats: each chunk holds its rows' weights (`row_bytes` per row, rows back to back
-// from byte 0) and then, from byte `s_off`, their scales: `s_per_row` per row of scales, one row
+// from its first byte) and then, from byte `s_off`, their scales: `s_per_row` per row of scales, one row
 // of scales per `s_rows` weight rows, one scale per `s_cols` inputs. A weight is its code's value
 // times its scale, rounded to f32 once, as the CPU's decoder computes it.
 
+// Byte i of the matrix is byte wb + i of `w` (wb: a multiple of 16).
 fn wword(i: u32) -> u32 {
-    return w[i >> 4u][(i >> 2u) & 3u];
+    return w[(wb >> 4u) + (i >> 4u)][(i >> 2u) & 3u];
+}
+
+fn chunk_base() -> u32 {
+    return prm.w0;
 }
 
 fn wbyte(i: u32) -> u32 {
