@@ -17,6 +17,13 @@ use crate::{Gpu, GpuError};
 const WG: usize = 128;
 /// The longest head (or RMSNorm row in `norm_rope`) the kernels hold: 1024 values.
 pub const MAX_HEAD: usize = 1024;
+/// Rows per workgroup of a per-head product (`HM_ROWS` in the shader).
+const HEAD_MATVEC_ROWS: usize = 64;
+/// Positions per split of a token's attention (`SPLIT` in the shader).
+const ATTEND_SPLIT: usize = 64;
+/// The most bytes of attention splits one dispatch writes, and at most one binding's (a
+/// prompt's tokens go in blocks).
+const ATTEND_PARTS_MOST: usize = 64 << 20;
 
 /// f32 values in GPU memory. Its buffer goes back to its GPU's pool when neither the tensor nor
 /// a recorder that uses it holds it any more, for the next tensor of its size.
@@ -469,7 +476,9 @@ impl<'g> Recorder<'g> {
             y_stride as u32,
             extra as u32,
         ]);
-        let groups = [heads as u32, tokens as u32, 1];
+        // Blocks of HEAD_MATVEC_ROWS rows (the shader's HM_ROWS) on workgroups of their own.
+        let blocks = rows.div_ceil(HEAD_MATVEC_ROWS).max(1) as u32;
+        let groups = [heads as u32, tokens as u32, blocks];
         self.kernel(Kernel::HeadMatvec, [Some(y), Some(x), None, Some(m)], p, groups);
         Ok(())
     }
@@ -527,13 +536,31 @@ impl<'g> Recorder<'g> {
             s.scale.to_bits(),
         ]);
         p[8] = s.value_dim as u32;
-        let groups = [s.heads as u32, s.tokens as u32, 1];
-        self.kernel(
-            Kernel::Attend,
-            [Some(out), Some(q), Some(k_cache), Some(v_cache)],
-            p,
-            groups,
-        );
+        // Each token's seen positions in splits of ATTEND_SPLIT, from its first seen one; the
+        // last token sees the most.
+        let seen = positions.min(s.window.map_or(usize::MAX, |w| w.max(1)));
+        let splits = seen.div_ceil(ATTEND_SPLIT);
+        p[10] = u32_of(splits, "attention splits")?;
+        let per_token = s.heads * splits * (s.value_dim + 2);
+        let most = (self.gpu.max_binding as usize).min(ATTEND_PARTS_MOST);
+        let block = (most / 4 / per_token).clamp(1, s.tokens);
+        if splits > MAX_GROUPS {
+            return Err(shape(format!("{seen} positions seen in one dispatch")));
+        }
+        let parts = self.gpu.tensor(block * per_token)?;
+        for t0 in (0..s.tokens).step_by(block) {
+            let n = block.min(s.tokens - t0);
+            p[9] = t0 as u32;
+            let g = [s.heads as u32, n as u32, splits as u32];
+            self.kernel(
+                Kernel::AttendPart,
+                [Some(&parts), Some(q), Some(k_cache), Some(v_cache)],
+                p,
+                g,
+            );
+            let g = [s.heads as u32, n as u32, 1];
+            self.kernel(Kernel::AttendCombine, [Some(out), Some(&parts), None, None], p, g);
+        }
         Ok(())
     }
 

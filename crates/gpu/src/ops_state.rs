@@ -58,7 +58,8 @@ pub(crate) enum Kernel {
     Add,
     Glu,
     NormRope,
-    Attend,
+    AttendPart,
+    AttendCombine,
     Gather,
     ScaleSigmoid,
     HeadMatvec,
@@ -72,7 +73,8 @@ impl Kernel {
             Kernel::Add => "add",
             Kernel::Glu => "glu",
             Kernel::NormRope => "norm_rope",
-            Kernel::Attend => "attend",
+            Kernel::AttendPart => "attend_part",
+            Kernel::AttendCombine => "attend_combine",
             Kernel::Gather => "gather",
             Kernel::ScaleSigmoid => "scale_sigmoid",
             Kernel::HeadMatvec => "head_matvec",
@@ -86,7 +88,7 @@ pub(crate) struct Pipelines {
     pub(crate) layout: wgpu::BindGroupLayout,
     pipeline_layout: wgpu::PipelineLayout,
     module: OnceLock<wgpu::ShaderModule>,
-    pipes: [OnceLock<wgpu::ComputePipeline>; 9],
+    pipes: [OnceLock<wgpu::ComputePipeline>; 10],
     pub(crate) unused: wgpu::Buffer,
 }
 

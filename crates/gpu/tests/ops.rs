@@ -201,19 +201,25 @@ fn attend_ref(q: &[f32], k: &[f32], v: &[f32], s: &AttendShape) -> Vec<f32> {
 
 #[test]
 fn attention_matches_the_cpu_and_a_token_alone_its_batch() {
-    let Some(g) = gpu() else { return };
+    let Some(mut g) = gpu() else { return };
+    let full = g.max_binding();
     let mut rng = Rng(23);
     // (heads, group, dh, value dim, kv_width, start_pos, tokens, window): GQA groups, a KV row
     // wider than its heads, more than one chunk of positions, a sliding window, MLA's absorbed
     // form (every head on one row of [latent | rope key], its values the latent part; keys and
-    // values one buffer).
-    for (heads, group, dh, dv, kv_width, start_pos, tokens, window) in [
+    // values one buffer); the tokens in blocks where one binding holds one token's splits only.
+    for (case, (heads, group, dh, dv, kv_width, start_pos, tokens, window)) in [
         (4, 2, 64, 64, 128, 0, 5, None),
         (2, 1, 128, 128, 256, 300, 3, None),
         (8, 8, 32, 32, 40, 600, 2, Some(257)),
         (1, 1, 16, 16, 16, 0, 1, None),
         (4, 4, 72, 64, 72, 9, 3, None),
-    ] {
+        (2, 1, 128, 128, 256, 300, 3, None),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        g.set_max_binding(if case == 5 { 6000 } else { full });
         let positions = start_pos + tokens;
         let row0 = 2;
         let mla = dv != dh;
@@ -397,8 +403,12 @@ fn per_head_products_match_the_cpu() {
     let Some(g) = gpu() else { return };
     let mut rng = Rng(41);
     // An absorbed MLA query: per head 40 outputs from the first 24 of 30 inputs, the other 6
-    // copied after them; and a plain per-head product.
-    for (tokens, heads, rows, cols, xs, extra) in [(3, 4, 40, 24, 30, 6), (2, 3, 17, 33, 33, 0)] {
+    // copied after them; a plain per-head product; and rows over three workgroups.
+    for (tokens, heads, rows, cols, xs, extra) in [
+        (3, 4, 40, 24, 30, 6),
+        (2, 3, 17, 33, 33, 0),
+        (2, 2, 150, 40, 44, 4),
+    ] {
         let ys = rows + extra;
         let m = rng.f32s(heads * rows * cols);
         let x = rng.f32s(tokens * heads * xs);

@@ -174,8 +174,10 @@ fn norm_rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
 // Per head h of each token t: y[(t * p0 + h) * p4 + r] = sum_j M[(h * p1 + r) * p2 + j] *
 // x[(t * p0 + h) * p3 + j] for r < p1 (M in d, x in b, y in a), then the p5 values of x after
 // its first p2 copied after the p1 outputs. An absorbed MLA head's query (W_uk^T q_nope, then
-// q_rope) and its value projection (W_uv o_latent). Workgroup x: head, y: token. Each output is
-// eight interleaved partial sums added in order.
+// q_rope) and its value projection (W_uv o_latent). Workgroup x: head, y: token, z: a block of
+// HM_ROWS rows. Each output is eight interleaved partial sums added in order.
+const HM_ROWS: u32 = 64u;
+
 @compute @workgroup_size(128)
 fn head_matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l: u32) {
     let th = wg.y * prm.p0 + wg.x;
@@ -188,10 +190,12 @@ fn head_matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
     workgroupBarrier();
     // 16 rows a pass: invocation l takes row l / 8 and its columns l % 8, l % 8 + 8, ... in
     // order (neighbours read neighbouring columns), then each row's 8 sums are added in order.
-    for (var r0 = 0u; r0 < prm.p1; r0 += 16u) {
+    let first = wg.z * HM_ROWS;
+    let end = min(prm.p1, first + HM_ROWS);
+    for (var r0 = first; r0 < end; r0 += 16u) {
         let r = r0 + l / 8u;
         var s = 0.0;
-        if (r < prm.p1) {
+        if (r < end) {
             let m0 = (wg.x * prm.p1 + r) * n;
             for (var j = l % 8u; j < n; j += 8u) {
                 s = fma(d[m0 + j], head[j], s);
@@ -199,7 +203,7 @@ fn head_matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
         }
         eighths[l] = s;
         workgroupBarrier();
-        if (l < 16u && r0 + l < prm.p1) {
+        if (l < 16u && r0 + l < end) {
             var t = 0.0;
             for (var k = 0u; k < 8u; k++) {
                 t = t + eighths[l * 8u + k];
@@ -208,101 +212,131 @@ fn head_matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
         }
         workgroupBarrier();
     }
-    for (var i = l; i < prm.p5; i += WG) {
-        a[ys + prm.p1 + i] = b[xs + n + i];
+    if (wg.z == 0u) {
+        for (var i = l; i < prm.p5; i += WG) {
+            a[ys + prm.p1 + i] = b[xs + n + i];
+        }
     }
 }
 
-const CHUNK: u32 = 256u;
-var<workgroup> scores: array<f32, 256>;
+const SPLIT: u32 = 64u;
+var<workgroup> scores: array<f32, 64>;
 
-// Causal attention of one query head of one token (workgroup x: head, y: the token's index in
-// its sequence) over the sequence's cached keys (c) and values (d), rows of p3 values, the head's
-// key columns from (head / p1) * p2 and its p8 value columns from (head / p1) * p8. Queries in b
-// (rows of p0 heads x p2 values) and outputs in a (rows of p0 heads x p8), the sequence's first
-// at row p4; its first new token at position p5; p6 > 0: only the last p6
-// positions are seen; p7: the score scale's bits. Positions go in chunks of 256 (scores, each
-// from 8 interleaved partial sums added in order; their max and sum in a fixed tree; the values'
-// sums rescaled to each chunk's running max), so the result depends only on the head's own query
-// and cache.
+// Causal attention, first half: one query head (workgroup x) of one token (its index in the
+// sequence p9 + workgroup y) over one split of its seen positions (workgroup z: positions
+// first + 64 z, ... up to 64 of them, `first` its first seen position), from the sequence's cached
+// keys (c) and values (d), rows of p3 values, the head's key columns from (head / p1) * p2 and its
+// p8 value columns from (head / p1) * p8. Queries in b (rows of p0 heads x p2 values), the
+// sequence's first at row p4; its first new token at position p5; p6 > 0: only the last p6
+// positions are seen; p7: the score scale's bits. Writes the split's max score m, its sum of
+// exp(score - m) and its values weighted by them to a at ((y * p0 + head) * p10 + z) * (p8 + 2).
+// Scores are 8 interleaved partial sums added in order; max and sum a fixed tree; the values
+// summed in position order.
 @compute @workgroup_size(128)
-fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l: u32) {
+fn attend_part(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l: u32) {
     let dh = prm.p2;
     let dv = prm.p8;
-    let qrow = (prm.p4 + wg.y) * prm.p0 * dh + wg.x * dh;
-    let orow = (prm.p4 + wg.y) * prm.p0 * dv + wg.x * dv;
-    for (var i = l; i < dh; i += WG) {
-        head[i] = b[qrow + i];
-    }
-    workgroupBarrier();
-    let n_pos = prm.p5 + wg.y + 1u;
+    let t = prm.p9 + wg.y;
+    let n_pos = prm.p5 + t + 1u;
     var first = 0u;
     if (prm.p6 > 0u && n_pos > prm.p6) {
         first = n_pos - prm.p6;
     }
+    let p0 = first + wg.z * SPLIT;
+    if (p0 >= n_pos) {
+        return;
+    }
+    let qrow = (prm.p4 + t) * prm.p0 * dh + wg.x * dh;
+    for (var i = l; i < dh; i += WG) {
+        head[i] = b[qrow + i];
+    }
+    workgroupBarrier();
     let col = (wg.x / prm.p1) * dh;
     let vcol = (wg.x / prm.p1) * dv;
     let width = prm.p3;
     let scale = bitcast<f32>(prm.p7);
-    var m = -3.0e38;
-    var sum = 0.0;
-    var acc = array<f32, 8>(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
-    for (var p0 = first; p0 < n_pos; p0 += CHUNK) {
-        let n = min(CHUNK, n_pos - p0);
-        // Scores, 16 positions a pass: invocation l takes position l / 8 and its head columns
-        // l % 8, l % 8 + 8, ... in order (neighbours read neighbouring columns of a key row),
-        // then each position's 8 sums are added in order.
-        for (var j0 = 0u; j0 < n; j0 += 16u) {
-            let j = j0 + l / 8u;
-            var s = 0.0;
-            if (j < n) {
-                let k0 = (p0 + j) * width + col;
-                for (var i = l % 8u; i < dh; i += 8u) {
-                    s = fma(head[i], c[k0 + i], s);
-                }
-            }
-            eighths[l] = s;
-            workgroupBarrier();
-            if (l < 16u && j0 + l < n) {
-                var t = 0.0;
-                for (var r = 0u; r < 8u; r++) {
-                    t = t + eighths[l * 8u + r];
-                }
-                scores[j0 + l] = t * scale;
-            }
-            workgroupBarrier();
-        }
-        var lmax = -3.0e38;
-        for (var j = l; j < n; j += WG) {
-            lmax = max(lmax, scores[j]);
-        }
-        let m_new = max(m, tree_max(l, lmax));
-        var lsum = 0.0;
-        for (var j = l; j < n; j += WG) {
-            let e = exp(scores[j] - m_new);
-            scores[j] = e;
-            lsum += e;
-        }
-        let r = exp(m - m_new);
-        sum = sum * r + tree_sum(l, lsum);
-        for (var k = 0u; k < 8u; k++) {
-            let i = l + k * WG;
-            if (i < dv) {
-                var s = acc[k] * r;
-                for (var j = 0u; j < n; j++) {
-                    s = fma(scores[j], d[(p0 + j) * width + vcol + i], s);
-                }
-                acc[k] = s;
+    let n = min(SPLIT, n_pos - p0);
+    // Scores, 16 positions a pass: invocation l takes position l / 8 and its head columns
+    // l % 8, l % 8 + 8, ... in order (neighbours read neighbouring columns of a key row), then
+    // each position's 8 sums are added in order.
+    for (var j0 = 0u; j0 < n; j0 += 16u) {
+        let j = j0 + l / 8u;
+        var s = 0.0;
+        if (j < n) {
+            let k0 = (p0 + j) * width + col;
+            for (var i = l % 8u; i < dh; i += 8u) {
+                s = fma(head[i], c[k0 + i], s);
             }
         }
-        m = m_new;
+        eighths[l] = s;
+        workgroupBarrier();
+        if (l < 16u && j0 + l < n) {
+            var u = 0.0;
+            for (var r = 0u; r < 8u; r++) {
+                u = u + eighths[l * 8u + r];
+            }
+            scores[j0 + l] = u * scale;
+        }
         workgroupBarrier();
     }
-    for (var k = 0u; k < 8u; k++) {
-        let i = l + k * WG;
-        if (i < dv) {
-            a[orow + i] = acc[k] / sum;
+    var lmax = -3.0e38;
+    if (l < n) {
+        lmax = scores[l];
+    }
+    let m = tree_max(l, lmax);
+    var e = 0.0;
+    if (l < n) {
+        e = exp(scores[l] - m);
+        scores[l] = e;
+    }
+    let sum = tree_sum(l, e);
+    let out = ((wg.y * prm.p0 + wg.x) * prm.p10 + wg.z) * (dv + 2u);
+    if (l == 0u) {
+        a[out] = m;
+        a[out + 1u] = sum;
+    }
+    for (var i = l; i < dv; i += WG) {
+        var v = 0.0;
+        for (var j = 0u; j < n; j++) {
+            v = fma(scores[j], d[(p0 + j) * width + vcol + i], v);
         }
+        a[out + 2u + i] = v;
+    }
+}
+
+// Causal attention, second half: the splits of `attend_part` (in b, same layout and
+// parameters) of one head (workgroup x) of one token (p9 + workgroup y) combined in split order:
+// each split's sums times exp(its max - the largest), their values' sum over their sum. Outputs
+// in a (rows of p0 heads x p8 values from row p4). So a token's output depends only on its own
+// query, its sequence's cache and its position.
+@compute @workgroup_size(128)
+fn attend_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l: u32) {
+    let dv = prm.p8;
+    let t = prm.p9 + wg.y;
+    let n_pos = prm.p5 + t + 1u;
+    var first = 0u;
+    if (prm.p6 > 0u && n_pos > prm.p6) {
+        first = n_pos - prm.p6;
+    }
+    let splits = (n_pos - first + SPLIT - 1u) / SPLIT;
+    let base = (wg.y * prm.p0 + wg.x) * prm.p10 * (dv + 2u);
+    var m = -3.0e38;
+    for (var z = 0u; z < splits; z++) {
+        m = max(m, b[base + z * (dv + 2u)]);
+    }
+    var sum = 0.0;
+    for (var z = 0u; z < splits; z++) {
+        let at = base + z * (dv + 2u);
+        sum = fma(b[at + 1u], exp(b[at] - m), sum);
+    }
+    let orow = (prm.p4 + t) * prm.p0 * dv + wg.x * dv;
+    for (var i = l; i < dv; i += WG) {
+        var v = 0.0;
+        for (var z = 0u; z < splits; z++) {
+            let at = base + z * (dv + 2u);
+            v = fma(b[at + 2u + i], exp(b[at] - m), v);
+        }
+        a[orow + i] = v / sum;
     }
 }
 
