@@ -1,5 +1,6 @@
-//! The GPU memory's own read rate, measured the way the products read weights (one pass over a
-//! buffer), so a product's rate can be set beside it in one run.
+//! The GPU memory's own read rate, measured the way the products read weights (passes over a
+//! buffer), and the host-to-GPU link's copy rate, so a product's rate and an upload's can be
+//! set beside them in one run.
 
 use wgpu::util::DeviceExt;
 
@@ -9,10 +10,12 @@ use crate::{Gpu, GpuError};
 const WORKGROUP: usize = 256;
 /// vec4 words each invocation reads.
 const PER_INVOCATION: usize = 16;
+/// Passes over the buffer per submission (so a submission's own cost is a small part).
+const PASSES: usize = 4;
 
 impl Gpu {
     /// Bytes per second read from a buffer of `bytes` (rounded down to 16-byte words, at most
-    /// one binding), best of `reps` passes after a warm-up.
+    /// one binding), best of `reps` submissions of four passes each, after a warm-up.
     pub fn read_rate(&self, bytes: u64, reps: usize) -> Result<f64, GpuError> {
         let bytes = bytes.min(self.max_binding) / 16 * 16;
         let words = (bytes / 16) as usize;
@@ -57,15 +60,58 @@ impl Gpu {
                 let mut pass = enc.begin_compute_pass(&Default::default());
                 pass.set_pipeline(&self.read);
                 pass.set_bind_group(0, &bind, &[]);
-                pass.dispatch_workgroups(gx as u32, gy as u32, 1);
+                for _ in 0..PASSES {
+                    pass.dispatch_workgroups(gx as u32, gy as u32, 1);
+                }
             }
             let t = std::time::Instant::now();
             self.queue.submit([enc.finish()]);
             self.wait("read")?;
             if rep > 0 {
-                best = best.max(bytes as f64 / t.elapsed().as_secs_f64());
+                best = best.max((PASSES as u64 * bytes) as f64 / t.elapsed().as_secs_f64());
             }
         }
         Ok(best)
+    }
+
+    /// Host-to-GPU copy rates of `bytes` (best of `reps` after a warm-up), bytes per second:
+    /// (the link's own, a copy from host memory the GPU reads directly, filled before the
+    /// clock starts; through the queue, as weights are written: a copy into that memory, then
+    /// the link's).
+    pub fn upload_rates(&self, bytes: u64, reps: usize) -> Result<(f64, f64), GpuError> {
+        let bytes = bytes.max(16) / 16 * 16;
+        let dst = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("upload target"),
+            size: bytes,
+            usage: wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("upload source"),
+            size: bytes,
+            usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::MAP_WRITE,
+            mapped_at_creation: true,
+        });
+        staging.unmap();
+        let host: Vec<u8> = (0..bytes).map(|i| (i % 251) as u8).collect();
+        let (mut link, mut queued) = (0f64, 0f64);
+        for rep in 0..=reps.max(1) {
+            let mut enc = self.device.create_command_encoder(&Default::default());
+            enc.copy_buffer_to_buffer(&staging, 0, &dst, 0, bytes);
+            let t = std::time::Instant::now();
+            self.queue.submit([enc.finish()]);
+            self.wait("host-to-GPU copy")?;
+            let link_s = t.elapsed().as_secs_f64();
+            let t = std::time::Instant::now();
+            self.queue.write_buffer(&dst, 0, &host);
+            self.queue.submit([]);
+            self.wait("host-to-GPU copy")?;
+            let queued_s = t.elapsed().as_secs_f64();
+            if rep > 0 {
+                link = link.max(bytes as f64 / link_s);
+                queued = queued.max(bytes as f64 / queued_s);
+            }
+        }
+        Ok((link, queued))
     }
 }

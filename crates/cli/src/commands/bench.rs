@@ -410,6 +410,11 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             g["expert_products"],
             g["memory_read_gbps"].as_f64().unwrap_or(0.0),
         );
+        println!(
+            "gpu link              host-to-GPU copies {:.1} GB/s (the link, from host memory the GPU reads), {:.1} GB/s (written through the queue, as weights are)",
+            g["host_copy_gbps"].as_f64().unwrap_or(0.0),
+            g["host_write_gbps"].as_f64().unwrap_or(0.0),
+        );
         let (hits, copies) = (
             g["expert_hits"].as_u64().unwrap_or(0),
             g["expert_copies"].as_u64().unwrap_or(0),

@@ -34,10 +34,12 @@ pub(super) fn warm_gpu(
     Ok(())
 }
 
-/// What the GPU did over the run, and its memory's read rate measured now; `uses`: the routed
-/// experts' weight uses on it before the timed tokens ([`strata_kernels::offload::expert_uses`]).
+/// What the GPU did over the run, and its memory's read rate and the host link's copy rates
+/// measured now; `uses`: the routed experts' weight uses on it before the timed tokens
+/// ([`strata_kernels::offload::expert_uses`]).
 pub(super) fn gpu_figures(g: &strata_gpu::Offload, uses: (u64, u64)) -> serde_json::Value {
-    let read = g.gpu().read_rate(256 << 20, 3).unwrap_or(0.0);
+    let read = g.gpu().read_rate(1 << 30, 3).unwrap_or(0.0);
+    let (link, queued) = g.gpu().upload_rates(256 << 20, 3).unwrap_or((0.0, 0.0));
     let (hits, copies) = strata_kernels::offload::expert_uses();
     serde_json::json!({
         "adapter": g.gpu().adapter().to_string(),
@@ -48,6 +50,8 @@ pub(super) fn gpu_figures(g: &strata_gpu::Offload, uses: (u64, u64)) -> serde_js
         "expert_hits": hits - uses.0,
         "expert_copies": copies - uses.1,
         "memory_read_gbps": read / 1e9,
+        "host_copy_gbps": link / 1e9,
+        "host_write_gbps": queued / 1e9,
     })
 }
 
