@@ -133,8 +133,11 @@ impl<'g> Pass<'g> {
         x: &GpuTensor,
         y: &GpuTensor,
     ) -> Result<()> {
+        // Copies of experts the GPU does not keep yet are made side by side (each its own
+        // upload), so a layer's copies share the link instead of taking turns at it.
+        use rayon::prelude::*;
         let copies = lins
-            .iter()
+            .par_iter()
             .map(|lin| {
                 lin.on_device().ok_or_else(|| {
                     gpu_err(format!(
