@@ -12,6 +12,7 @@ mod matrix;
 mod offload;
 mod ops;
 mod ops_moe;
+mod ops_route;
 mod ops_state;
 mod packed;
 mod product;
@@ -27,6 +28,7 @@ pub use matrix::{GpuMatrix, Tile, WeightFormat};
 pub use offload::Offload;
 pub use ops::{AttendShape, Glu, GpuTensor, Recorder, Rotation, MAX_HEAD};
 pub use ops_moe::Routing;
+pub use ops_route::{RouteRule, MAX_PICKS, MAX_ROUTED_EXPERTS};
 
 /// What `--device` asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -25,6 +25,27 @@ pub struct Routing {
 }
 
 impl Routing {
+    /// Values of a table of `tokens` tokens picking `k` experts each, of `experts` experts, as
+    /// [`Recorder::route_table`] writes it (each expert's first packed row after the rest).
+    pub fn table_len(tokens: usize, k: usize, experts: usize) -> usize {
+        3 * tokens * k + tokens + 1 + experts + 1
+    }
+
+    /// A table made on the GPU, with each expert's first packed row (and the end) as the CPU
+    /// knows them.
+    pub(crate) fn from_table(table: GpuTensor, starts: Vec<usize>, tokens: usize) -> Routing {
+        Routing {
+            table,
+            starts,
+            tokens,
+        }
+    }
+
+    /// The table (its values are u32 bits but for the weights).
+    pub fn table(&self) -> &GpuTensor {
+        &self.table
+    }
+
     /// Rows of all experts together.
     pub fn rows(&self) -> usize {
         self.starts.last().copied().unwrap_or(0)

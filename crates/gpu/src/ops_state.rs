@@ -64,6 +64,8 @@ pub(crate) enum Kernel {
     ScaleSigmoid,
     HeadMatvec,
     Combine,
+    Route,
+    RouteTable,
 }
 
 impl Kernel {
@@ -79,6 +81,8 @@ impl Kernel {
             Kernel::ScaleSigmoid => "scale_sigmoid",
             Kernel::HeadMatvec => "head_matvec",
             Kernel::Combine => "combine",
+            Kernel::Route => "route",
+            Kernel::RouteTable => "route_table",
         }
     }
 }
@@ -88,7 +92,7 @@ pub(crate) struct Pipelines {
     pub(crate) layout: wgpu::BindGroupLayout,
     pipeline_layout: wgpu::PipelineLayout,
     module: OnceLock<wgpu::ShaderModule>,
-    pipes: [OnceLock<wgpu::ComputePipeline>; 10],
+    pipes: [OnceLock<wgpu::ComputePipeline>; 12],
     pub(crate) unused: wgpu::Buffer,
 }
 

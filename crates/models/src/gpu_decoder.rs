@@ -55,6 +55,8 @@ pub(crate) enum Role {
     /// MLA's per-head absorbed matrices.
     Uk,
     Uv,
+    /// A MoE router's correction bias.
+    RouterBias,
 }
 
 /// The GPU's form of an activation.

@@ -13,14 +13,14 @@
 
 use std::sync::Arc;
 
-use strata_gpu::GpuTensor;
+use strata_gpu::{GpuTensor, RouteRule, Routing, MAX_PICKS, MAX_ROUTED_EXPERTS};
 use strata_kernels::Linear;
 use strata_weights::Expert;
 
 use crate::decoder::next_moe_input;
 use crate::decoder::{Decoder, SeqInput};
 use crate::gpu_decoder::{glu_of, gpu_err, Pass, Role};
-use crate::layers::moe::MoeLayer;
+use crate::layers::moe::{MoeLayer, Route, Router, RoutingRule};
 use crate::{ModelError, Result};
 
 impl Decoder {
@@ -53,12 +53,22 @@ impl Decoder {
             }
             None => None,
         };
-        let mut reads = vec![(&logits, 0, n_tokens * n_experts)];
+        // The routes themselves on the GPU where its kernels take the router ([`route_on_gpu`]);
+        // only they go back.
+        let k = moe.router.top_k;
+        let routes = self.route_on_gpu(pass, moe, &logits, n_tokens)?;
+        let mut reads = vec![match &routes {
+            Some(r) => (r, 0, n_tokens * k * 2),
+            None => (&logits, 0, n_tokens * n_experts),
+        }];
         if let (Some(lg), Some(nx)) = (&guess, &next) {
             reads.push((lg, 0, n_tokens * nx.router.weight.out_dim));
         }
         let got = pass.wait(batch, &reads)?;
-        let (_, assigned) = moe.route_and_submit(&got[0], n_tokens);
+        let assigned = match &routes {
+            Some(_) => moe.submit_routes(&routes_of(&got[0], k, n_experts)?),
+            None => moe.route_and_submit(&got[0], n_tokens).1,
+        };
         let ids: Vec<usize> = assigned.keys().copied().collect();
         if let Some(nx) = &next {
             moe.store
@@ -78,8 +88,21 @@ impl Decoder {
             }
             None => None,
         };
-        let lists: Vec<&[(usize, f32)]> = assigned.values().map(|v| v.as_slice()).collect();
-        let routing = pass.rec.routing(&lists, n_tokens).map_err(gpu_err)?;
+        let routing = match &routes {
+            Some(r) => {
+                let mut starts = vec![0];
+                for list in assigned.values() {
+                    starts.push(starts[starts.len() - 1] + list.len());
+                }
+                let table = pass.tensor(Routing::table_len(n_tokens, k, n_experts))?;
+                let shape = (n_tokens, k, n_experts);
+                pass.rec.route_table(r, shape, table, starts).map_err(gpu_err)?
+            }
+            None => {
+                let lists: Vec<&[(usize, f32)]> = assigned.values().map(|v| v.as_slice()).collect();
+                pass.rec.routing(&lists, n_tokens).map_err(gpu_err)?
+            }
+        };
         let rows = routing.rows();
         let f = match &self.info.experts {
             Some(layout) => layout.inter_dim,
@@ -146,4 +169,92 @@ impl Decoder {
             .add(xt, n_tokens * d, &sum, n_tokens * d)
             .map_err(gpu_err)
     }
+}
+
+impl Decoder {
+    /// Records the routes of router `logits` (T, E) on the GPU, (T, k, 2) (expert id bits,
+    /// weight; ascending by expert), where its kernels take the router: at most
+    /// [`MAX_ROUTED_EXPERTS`] experts and [`MAX_PICKS`] picks. None: the CPU routes.
+    fn route_on_gpu(
+        &self,
+        pass: &mut Pass<'_>,
+        moe: &MoeLayer,
+        logits: &GpuTensor,
+        n_tokens: usize,
+    ) -> Result<Option<GpuTensor>> {
+        let (n, k) = (moe.router.weight.out_dim, moe.router.top_k);
+        let bias = match &moe.router.rule {
+            RoutingRule::SigmoidGrouped { correction_bias, .. } if correction_bias.len() == n => {
+                Some(self.gpu_vector(pass.gpu, moe.layer, Role::RouterBias, correction_bias)?)
+            }
+            _ => None,
+        };
+        let Some(rule) = moe.router.gpu_rule(bias.as_deref()) else {
+            return Ok(None);
+        };
+        let routes = pass.tensor(n_tokens * k * 2)?;
+        pass.rec
+            .route(logits, (n_tokens, n, k), rule, &routes)
+            .map_err(gpu_err)?;
+        Ok(Some(routes))
+    }
+}
+
+impl Router {
+    /// The rule of this router as the GPU's routing kernel takes it, with the correction bias
+    /// there (`bias`, for the sigmoid rule); None where the kernel cannot take it (more than
+    /// [`MAX_ROUTED_EXPERTS`] experts or [`MAX_PICKS`] picks, groups it does not split into) or
+    /// the bias is missing.
+    pub fn gpu_rule<'a>(&self, bias: Option<&'a GpuTensor>) -> Option<RouteRule<'a>> {
+        let (n, k) = (self.weight.out_dim, self.top_k);
+        if n > MAX_ROUTED_EXPERTS || k > MAX_PICKS.min(n) || k == 0 {
+            return None;
+        }
+        Some(match &self.rule {
+            RoutingRule::SoftmaxTopK { norm_topk_prob } => RouteRule::Softmax {
+                norm: *norm_topk_prob,
+            },
+            RoutingRule::SigmoidGrouped {
+                n_group,
+                topk_group,
+                norm_topk_prob,
+                routed_scaling_factor,
+                ..
+            } => {
+                let groups = (*n_group).max(1);
+                let fits = groups <= 128
+                    && n.is_multiple_of(groups)
+                    && (1..=groups).contains(topk_group)
+                    && k <= topk_group * (n / groups);
+                if !fits {
+                    return None;
+                }
+                RouteRule::SigmoidGrouped {
+                    bias: bias.filter(|b| b.len() >= n)?,
+                    groups,
+                    topk_group: *topk_group,
+                    norm: *norm_topk_prob,
+                    scale: *routed_scaling_factor,
+                }
+            }
+        })
+    }
+}
+
+/// Each token's route from the GPU's (expert id bits, weight) pairs, `k` a token, of `n`
+/// experts.
+fn routes_of(values: &[f32], k: usize, n: usize) -> Result<Vec<Route>> {
+    values
+        .chunks_exact(2 * k)
+        .map(|r| {
+            let experts: Vec<usize> = r.chunks_exact(2).map(|p| p[0].to_bits() as usize).collect();
+            if experts.windows(2).any(|w| w[0] >= w[1]) || experts.iter().any(|&e| e >= n) {
+                return Err(gpu_err(format!("the GPU routed a token to experts {experts:?}")));
+            }
+            Ok(Route {
+                experts,
+                weights: r.chunks_exact(2).map(|p| p[1]).collect(),
+            })
+        })
+        .collect()
 }

@@ -389,3 +389,224 @@ fn scale_sigmoid(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation
         a[r * prm.p1 + i] = a[r * prm.p1 + i] * s;
     }
 }
+
+// Routing: the most experts a router may have and the most it picks per token.
+const MAX_EXPERTS: u32 = 1024u;
+const MAX_PICKS: u32 = 32u;
+var<workgroup> sel: array<f32, 1024>;
+var<workgroup> redi: array<u32, 128>;
+var<workgroup> gsc: array<f32, 128>;
+var<workgroup> picks: array<u32, 32>;
+var<workgroup> wts: array<f32, 32>;
+
+fn neg_inf() -> f32 {
+    return bitcast<f32>(0xff800000u);
+}
+
+// The index of the largest of sel[0..n), the lowest on ties (every invocation gets it).
+fn tree_argmax(l: u32, n: u32) -> u32 {
+    var bv = neg_inf();
+    var bi = 0xffffffffu;
+    for (var e = l; e < n; e += WG) {
+        if (sel[e] > bv || bi == 0xffffffffu) {
+            bv = sel[e];
+            bi = e;
+        }
+    }
+    red[l] = bv;
+    redi[l] = bi;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
+        if (l < s) {
+            let v = red[l + s];
+            let i = redi[l + s];
+            if (i != 0xffffffffu && (redi[l] == 0xffffffffu || v > red[l] || (v == red[l] && i < redi[l]))) {
+                red[l] = v;
+                redi[l] = i;
+            }
+        }
+        workgroupBarrier();
+    }
+    let r = redi[0];
+    workgroupBarrier();
+    return r;
+}
+
+// One token's route (workgroup row t) from its router logits (b, rows of p1 experts): its p2
+// picks, written to a (rows of 2 * p2: expert id bits, weight), ascending by expert. p3 = 0:
+// softmax over every expert, the largest p2 (ties to the lower id), their probabilities (p4 = 1:
+// over their sum). p3 = 1: sigmoid scores plus the correction bias c picked within the p7 best
+// of p6 groups (a group's score: its two best biased scores), the unbiased scores as weights
+// (p4 = 1: over their sum + 1e-20), times the scale (p5 bits). The CPU's `Router::route`.
+@compute @workgroup_size(128)
+fn route(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l: u32) {
+    let t = row_of(wg);
+    if (t >= prm.p0) {
+        return;
+    }
+    let n = prm.p1;
+    let k = prm.p2;
+    let row = t * n;
+    var m = neg_inf();
+    for (var e = l; e < n; e += WG) {
+        let x = b[row + e];
+        if (prm.p3 == 0u) {
+            sel[e] = x;
+        } else {
+            sel[e] = 1.0 / (1.0 + exp(-x)) + c[e];
+        }
+        m = max(m, x);
+    }
+    // Softmax's max and sum (the sum over every expert, in a fixed order).
+    let mx = tree_max(l, m);
+    var s = 0.0;
+    if (prm.p3 == 0u) {
+        for (var e = l; e < n; e += WG) {
+            s += exp(b[row + e] - mx);
+        }
+    }
+    let total = tree_sum(l, s);
+    let groups = prm.p6;
+    if (prm.p3 == 1u && groups > 1u) {
+        let size = n / groups;
+        if (l < groups) {
+            var b1 = neg_inf();
+            var b2 = neg_inf();
+            for (var e = l * size; e < (l + 1u) * size; e++) {
+                let v = sel[e];
+                if (v > b1) {
+                    b2 = b1;
+                    b1 = v;
+                } else if (v > b2) {
+                    b2 = v;
+                }
+            }
+            gsc[l] = b1 + b2;
+        }
+        workgroupBarrier();
+        if (l == 0u) {
+            // Keep the p7 best groups (ties to the lower group): mark the kept with +inf.
+            for (var j = 0u; j < prm.p7; j++) {
+                var bi = 0xffffffffu;
+                for (var g = 0u; g < groups; g++) {
+                    if (gsc[g] != bitcast<f32>(0x7f800000u) && (bi == 0xffffffffu || gsc[g] > gsc[bi])) {
+                        bi = g;
+                    }
+                }
+                gsc[bi] = bitcast<f32>(0x7f800000u);
+            }
+        }
+        workgroupBarrier();
+        for (var e = l; e < n; e += WG) {
+            if (gsc[e / size] != bitcast<f32>(0x7f800000u)) {
+                sel[e] = neg_inf();
+            }
+        }
+        workgroupBarrier();
+    }
+    for (var j = 0u; j < k; j++) {
+        let i = tree_argmax(l, n);
+        if (l == 0u) {
+            picks[j] = i;
+            sel[i] = neg_inf();
+        }
+        workgroupBarrier();
+    }
+    if (l < k) {
+        let x = b[row + picks[l]];
+        if (prm.p3 == 0u) {
+            wts[l] = exp(x - mx) / total;
+        } else {
+            wts[l] = 1.0 / (1.0 + exp(-x));
+        }
+    }
+    workgroupBarrier();
+    if (l == 0u) {
+        if (prm.p4 == 1u) {
+            var sum = 0.0;
+            for (var j = 0u; j < k; j++) {
+                sum += wts[j];
+            }
+            if (prm.p3 == 1u) {
+                sum += 1e-20;
+            }
+            for (var j = 0u; j < k; j++) {
+                wts[j] = wts[j] / sum;
+            }
+        }
+        if (prm.p3 == 1u) {
+            for (var j = 0u; j < k; j++) {
+                wts[j] = wts[j] * bitcast<f32>(prm.p5);
+            }
+        }
+        // Ascending by expert id (insertion sort of at most 32).
+        for (var j = 1u; j < k; j++) {
+            let e = picks[j];
+            let w = wts[j];
+            var i = j;
+            while (i > 0u && picks[i - 1u] > e) {
+                picks[i] = picks[i - 1u];
+                wts[i] = wts[i - 1u];
+                i--;
+            }
+            picks[i] = e;
+            wts[i] = w;
+        }
+        for (var j = 0u; j < k; j++) {
+            a[(t * k + j) * 2u] = bitcast<f32>(picks[j]);
+            a[(t * k + j) * 2u + 1u] = wts[j];
+        }
+    }
+}
+
+var<workgroup> counts: array<atomic<u32>, 1024>;
+var<workgroup> cursor: array<u32, 1024>;
+
+// The routing table of p0 tokens' routes (b: p1 picks a token, (expert id bits, weight) each,
+// ascending by expert) over p2 experts, one workgroup: as `Recorder::routing` lays it out (P =
+// p0 * p1 packed rows, expert after expert, each expert's tokens ascending: [their token
+// indices (P)] [each token's first entry (p0 + 1)] [entries (2P): (packed row, weight), each
+// token's in ascending expert order]), then [each expert's first packed row (p2 + 1)].
+@compute @workgroup_size(128)
+fn route_table(@builtin(local_invocation_index) l: u32) {
+    let tokens = prm.p0;
+    let k = prm.p1;
+    let n = prm.p2;
+    let p = tokens * k;
+    let entries = p + tokens + 1u;
+    let starts = entries + 2u * p;
+    for (var e = l; e < n; e += WG) {
+        atomicStore(&counts[e], 0u);
+    }
+    workgroupBarrier();
+    for (var i = l; i < p; i += WG) {
+        atomicAdd(&counts[bitcast<u32>(b[2u * i])], 1u);
+    }
+    workgroupBarrier();
+    if (l == 0u) {
+        var s = 0u;
+        for (var e = 0u; e < n; e++) {
+            cursor[e] = s;
+            a[starts + e] = bitcast<f32>(s);
+            s += atomicLoad(&counts[e]);
+        }
+        a[starts + n] = bitcast<f32>(s);
+    }
+    workgroupBarrier();
+    // Tokens in order, so each expert's rows go by ascending token.
+    for (var t = 0u; t < tokens; t++) {
+        if (l < k) {
+            let i = t * k + l;
+            let e = bitcast<u32>(b[2u * i]);
+            let at = cursor[e];
+            cursor[e] = at + 1u;
+            a[at] = bitcast<f32>(t);
+            a[entries + 2u * i] = bitcast<f32>(at);
+            a[entries + 2u * i + 1u] = b[2u * i + 1u];
+        }
+        workgroupBarrier();
+    }
+    for (var t = l; t <= tokens; t += WG) {
+        a[p + t] = bitcast<f32>(t * k);
+    }
+}

@@ -189,6 +189,13 @@ impl MoeLayer {
                 .map(|l| self.router.route(l))
                 .collect()
         });
+        let assigned = self.submit_routes(&routes);
+        (routes, assigned)
+    }
+
+    /// Each expert's tokens and weights from `routes` (one per token); the routes are told to
+    /// the store and their experts asked of it.
+    pub(crate) fn submit_routes(&self, routes: &[Route]) -> Assigned {
         let mut assigned: Assigned = BTreeMap::new();
         for (t, r) in routes.iter().enumerate() {
             for (&e, &w) in r.experts.iter().zip(&r.weights) {
@@ -199,7 +206,7 @@ impl MoeLayer {
         let picked: Vec<&[usize]> = routes.iter().map(|r| r.experts.as_slice()).collect();
         self.store.routed(self.layer, &picked);
         self.store.submit(self.layer, &ids);
-        (routes, assigned)
+        assigned
     }
 
     /// x (T, D) normed -> (T, D). `residual` (T, D) is the un-normed input, from which the next
