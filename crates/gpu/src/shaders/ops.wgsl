@@ -394,42 +394,12 @@ fn scale_sigmoid(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation
 const MAX_EXPERTS: u32 = 1024u;
 const MAX_PICKS: u32 = 32u;
 var<workgroup> sel: array<f32, 1024>;
-var<workgroup> redi: array<u32, 128>;
 var<workgroup> gsc: array<f32, 128>;
 var<workgroup> picks: array<u32, 32>;
 var<workgroup> wts: array<f32, 32>;
 
 fn neg_inf() -> f32 {
     return bitcast<f32>(0xff800000u);
-}
-
-// The index of the largest of sel[0..n), the lowest on ties (every invocation gets it).
-fn tree_argmax(l: u32, n: u32) -> u32 {
-    var bv = neg_inf();
-    var bi = 0xffffffffu;
-    for (var e = l; e < n; e += WG) {
-        if (sel[e] > bv || bi == 0xffffffffu) {
-            bv = sel[e];
-            bi = e;
-        }
-    }
-    red[l] = bv;
-    redi[l] = bi;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
-        if (l < s) {
-            let v = red[l + s];
-            let i = redi[l + s];
-            if (i != 0xffffffffu && (redi[l] == 0xffffffffu || v > red[l] || (v == red[l] && i < redi[l]))) {
-                red[l] = v;
-                redi[l] = i;
-            }
-        }
-        workgroupBarrier();
-    }
-    let r = redi[0];
-    workgroupBarrier();
-    return r;
 }
 
 // One token's route (workgroup row t) from its router logits (b, rows of p1 experts): its p2
@@ -504,14 +474,22 @@ fn route(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
         }
         workgroupBarrier();
     }
-    for (var j = 0u; j < k; j++) {
-        let i = tree_argmax(l, n);
-        if (l == 0u) {
-            picks[j] = i;
-            sel[i] = neg_inf();
+    // Each expert's rank among all (larger first, the lower id first on ties); the k first
+    // are the picks, in rank order.
+    workgroupBarrier();
+    for (var e = l; e < n; e += WG) {
+        let v = sel[e];
+        var rank = 0u;
+        for (var j = 0u; j < n && rank < k; j++) {
+            if (sel[j] > v || (sel[j] == v && j < e)) {
+                rank++;
+            }
         }
-        workgroupBarrier();
+        if (rank < k) {
+            picks[rank] = e;
+        }
     }
+    workgroupBarrier();
     if (l < k) {
         let x = b[row + picks[l]];
         if (prm.p3 == 0u) {
