@@ -28,6 +28,10 @@ pub struct Offload {
     expert_products: Arc<AtomicU64>,
     /// Bytes copied for one product only (streamed weights, weights past the budget).
     streamed: AtomicU64,
+    /// The model's non-expert bytes ([`Device::hold_back_for_resident`]), and those kept so
+    /// far: routed experts leave the difference of the budget free.
+    resident_want: AtomicU64,
+    resident_used: Arc<AtomicU64>,
 }
 
 impl Offload {
@@ -44,6 +48,8 @@ impl Offload {
             products: Arc::new(AtomicU64::new(0)),
             expert_products: Arc::new(AtomicU64::new(0)),
             streamed: AtomicU64::new(0),
+            resident_want: AtomicU64::new(0),
+            resident_used: Arc::default(),
         }
     }
 
@@ -86,12 +92,27 @@ impl Offload {
         self.expert_products.load(Ordering::Relaxed)
     }
 
-    fn reserve(&self, bytes: u64) -> bool {
-        self.used
+    /// Takes `bytes` of the budget; a routed expert's (`expert`) only where what is left still
+    /// holds the non-expert weights not kept yet.
+    fn reserve(&self, bytes: u64, expert: bool) -> bool {
+        let held = match expert {
+            true => {
+                let want = self.resident_want.load(Ordering::Relaxed);
+                want.saturating_sub(self.resident_used.load(Ordering::Relaxed))
+            }
+            false => 0,
+        };
+        let ok = self
+            .used
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
-                u.checked_add(bytes).filter(|&n| n <= self.budget)
+                u.checked_add(bytes)
+                    .filter(|&n| n.saturating_add(held) <= self.budget)
             })
-            .is_ok()
+            .is_ok();
+        if ok && !expert {
+            self.resident_used.fetch_add(bytes, Ordering::Relaxed);
+        }
+        ok
     }
 }
 
@@ -100,11 +121,12 @@ impl Offload {
     /// (no room in the budget, or a matrix of several chunks); Err: the device refused memory.
     fn upload_to_slot(&self, lin: &Linear) -> Result<Option<Resident>, GpuError> {
         let reserve = |bytes: u64| -> Option<Reservation> {
-            self.reserve(bytes).then(|| {
+            self.reserve(bytes, true).then(|| {
                 Box::new(Lease {
                     bytes,
                     used: self.used.clone(),
                     full: self.full.clone(),
+                    resident: None,
                 }) as Reservation
             })
         };
@@ -123,6 +145,7 @@ impl Offload {
                 bytes: 0,
                 used: self.used.clone(),
                 full: self.full.clone(),
+                resident: None,
             },
         }))
     }
@@ -144,7 +167,8 @@ impl Device for Offload {
             }
         }
         let bytes = if keep { lin.bytes() as u64 } else { 0 };
-        if !self.reserve(bytes) {
+        let expert = lin.is_routed_expert();
+        if !self.reserve(bytes, expert) {
             return None;
         }
         if !keep {
@@ -168,10 +192,14 @@ impl Device for Offload {
                     bytes,
                     used: self.used.clone(),
                     full: self.full.clone(),
+                    resident: (!expert).then(|| self.resident_used.clone()),
                 },
             })),
             _ => {
                 self.used.fetch_sub(bytes, Ordering::Relaxed);
+                if !expert {
+                    self.resident_used.fetch_sub(bytes, Ordering::Relaxed);
+                }
                 if refused && keep {
                     self.full.store(true, Ordering::Relaxed);
                 }
@@ -182,6 +210,10 @@ impl Device for Offload {
 
     fn takes_experts(&self) -> bool {
         self.experts
+    }
+
+    fn hold_back_for_resident(&self, bytes: u64) {
+        self.resident_want.store(bytes, Ordering::Relaxed);
     }
 
     fn supports(&self, lin: &Linear) -> bool {
@@ -222,12 +254,17 @@ struct Lease {
     bytes: u64,
     used: Arc<AtomicU64>,
     full: Arc<AtomicBool>,
+    /// The non-expert weights' count the bytes are in too.
+    resident: Option<Arc<AtomicU64>>,
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
         if self.bytes > 0 {
             self.used.fetch_sub(self.bytes, Ordering::Relaxed);
+            if let Some(r) = &self.resident {
+                r.fetch_sub(self.bytes, Ordering::Relaxed);
+            }
             self.full.store(false, Ordering::Relaxed);
         }
     }

@@ -121,3 +121,39 @@ fn a_slot_given_back_holds_the_next_expert() {
         );
     }
 }
+
+#[test]
+fn experts_leave_the_budget_the_non_expert_weights_need() {
+    use strata_kernels::offload::Device;
+    use strata_kernels::Linear;
+    let Some(g) = gpu() else { return };
+    let (rows, in_dim) = (64, 256);
+    let bytes = (rows * in_dim * 4) as u64;
+    // Room for four matrices; the model's non-expert weights are said to need two.
+    let off = strata_gpu::Offload::new(g, Some(4 * bytes), true);
+    off.hold_back_for_resident(2 * bytes);
+    let matrix = |seed: u32| {
+        Linear::from_f32(
+            rows,
+            in_dim,
+            (0..rows * in_dim).map(|i| (i as u32 ^ seed) as f32).collect(),
+        )
+    };
+    let experts: Vec<Linear> = (0..4).map(|i| matrix(i).routed_expert()).collect();
+    // The copies are held (a copy dropped gives its room back).
+    let kept: Vec<_> = experts.iter().map(|e| off.upload(e, true)).collect();
+    let some: Vec<bool> = kept.iter().map(Option::is_some).collect();
+    assert_eq!(
+        some,
+        [true, true, false, false],
+        "experts past the budget less the non-expert weights"
+    );
+    // The non-expert weights find their room.
+    let dense: Vec<Linear> = (10..12).map(matrix).collect();
+    let copies: Vec<_> = dense.iter().map(|d| off.upload(d, true)).collect();
+    assert!(
+        copies.iter().all(Option::is_some),
+        "a non-expert weight found no room"
+    );
+    assert_eq!(off.resident_bytes(), 4 * bytes);
+}

@@ -32,6 +32,11 @@ pub trait Device: Send + Sync {
     /// Whether this device has kernels for `lin`'s format.
     fn supports(&self, lin: &Linear) -> bool;
 
+    /// The bytes of a model's non-expert weights, told at its load: a device that keeps routed
+    /// experts holds that much of its budget back from them, so the weights every token reads
+    /// find room first whatever order their first products come in.
+    fn hold_back_for_resident(&self, _bytes: u64) {}
+
     /// The device as its own type (for code that drives it directly, such as the GPU decoder).
     fn as_any(&self) -> &dyn std::any::Any;
 

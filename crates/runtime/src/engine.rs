@@ -262,6 +262,9 @@ impl Engine {
             .with_source(source);
         let t_load = std::time::Instant::now();
         let plan = ModelPlan::from_dir(dir)?;
+        if let Some(device) = strata_kernels::offload::device() {
+            device.hold_back_for_resident(plan.non_expert_bytes);
+        }
         let memory = MemoryPlan::new(&plan, options)?;
         tracing::info!("{}", crate::loading::plan_line(&memory));
         let progress = options.progress.as_ref();
