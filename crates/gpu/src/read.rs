@@ -74,33 +74,33 @@ impl Gpu {
         Ok(best)
     }
 
-    /// Host-to-GPU copy rates of `bytes` (best of `reps` after a warm-up), bytes per second:
-    /// (the link's own, a copy from host memory the GPU reads directly, filled before the
-    /// clock starts; through the queue, as weights are written: a copy into that memory, then
-    /// the link's).
+    /// Copy rates of `bytes` over the host link (best of `reps` after a warm-up), bytes per
+    /// second: (the link's own, GPU memory copied into mappable host memory, which drivers keep
+    /// on the host for reading back; host to GPU through the queue, as weights are written: a
+    /// copy into memory the GPU reads, then the GPU's copy). A copy from mappable memory the
+    /// other way is no measure of the link: a driver may place such memory in the GPU's own.
     pub fn upload_rates(&self, bytes: u64, reps: usize) -> Result<(f64, f64), GpuError> {
         let bytes = bytes.max(16) / 16 * 16;
         let dst = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("upload target"),
             size: bytes,
-            usage: wgpu::BufferUsages::COPY_DST,
+            usage: wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: false,
         });
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("upload source"),
+        let readable = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("read back"),
             size: bytes,
-            usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::MAP_WRITE,
-            mapped_at_creation: true,
+            usage: wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::MAP_READ,
+            mapped_at_creation: false,
         });
-        staging.unmap();
         let host: Vec<u8> = (0..bytes).map(|i| (i % 251) as u8).collect();
         let (mut link, mut queued) = (0f64, 0f64);
         for rep in 0..=reps.max(1) {
             let mut enc = self.device.create_command_encoder(&Default::default());
-            enc.copy_buffer_to_buffer(&staging, 0, &dst, 0, bytes);
+            enc.copy_buffer_to_buffer(&dst, 0, &readable, 0, bytes);
             let t = std::time::Instant::now();
             self.queue.submit([enc.finish()]);
-            self.wait("host-to-GPU copy")?;
+            self.wait("GPU-to-host copy")?;
             let link_s = t.elapsed().as_secs_f64();
             let t = std::time::Instant::now();
             self.queue.write_buffer(&dst, 0, &host);

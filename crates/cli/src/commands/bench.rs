@@ -411,7 +411,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             g["memory_read_gbps"].as_f64().unwrap_or(0.0),
         );
         println!(
-            "gpu link              host-to-GPU copies {:.1} GB/s (the link, from host memory the GPU reads), {:.1} GB/s (written through the queue, as weights are)",
+            "gpu link              {:.1} GB/s GPU to host memory (the link's rate), {:.1} GB/s host to GPU written through the queue (as weights are)",
             g["host_copy_gbps"].as_f64().unwrap_or(0.0),
             g["host_write_gbps"].as_f64().unwrap_or(0.0),
         );

@@ -35,7 +35,8 @@ pub(super) fn warm_gpu(
 }
 
 /// What the GPU did over the run, and its memory's read rate and the host link's copy rates
-/// measured now; `uses`: the routed experts' weight uses on it before the timed tokens
+/// measured now (`host_copy_gbps`: GPU to host memory, the link's; `host_write_gbps`: host to
+/// GPU as weights are written); `uses`: the routed experts' weight uses on it before the timed tokens
 /// ([`strata_kernels::offload::expert_uses`]).
 pub(super) fn gpu_figures(g: &strata_gpu::Offload, uses: (u64, u64)) -> serde_json::Value {
     let read = g.gpu().read_rate(1 << 30, 3).unwrap_or(0.0);
