@@ -29,6 +29,13 @@ fn on_gpu(args: &[&str]) -> Option<(Value, String)> {
         }
         panic!("strata --device gpu {args:?} failed: {stderr}");
     }
+    // Goldens met on the CPU after the GPU gave up would prove nothing of the GPU.
+    for fallback in ["step failed on the GPU", "a product on the GPU failed"] {
+        assert!(
+            !stderr.contains(fallback),
+            "strata --device gpu {args:?} fell back to the CPU: {stderr}"
+        );
+    }
     let stdout = String::from_utf8(out.stdout).expect("utf-8 stdout");
     // One JSON document (`logits`), or report lines and then one (`bench --json`).
     let doc = stdout.trim().lines().last().unwrap_or("");

@@ -93,8 +93,11 @@ impl Offload {
     }
 
     /// Takes `bytes` of the budget; a routed expert's (`expert`) only where what is left still
-    /// holds the non-expert weights not kept yet.
+    /// holds the non-expert weights not kept yet. A copy for one product takes none.
     fn reserve(&self, bytes: u64, expert: bool) -> bool {
+        if bytes == 0 {
+            return true;
+        }
         let held = match expert {
             true => {
                 let want = self.resident_want.load(Ordering::Relaxed);

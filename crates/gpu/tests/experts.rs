@@ -148,6 +148,11 @@ fn experts_leave_the_budget_the_non_expert_weights_need() {
         [true, true, false, false],
         "experts past the budget less the non-expert weights"
     );
+    // An expert without room is still copied for its product.
+    assert!(
+        off.upload(&experts[3], false).is_some(),
+        "no copy for one product"
+    );
     // The non-expert weights find their room.
     let dense: Vec<Linear> = (10..12).map(matrix).collect();
     let copies: Vec<_> = dense.iter().map(|d| off.upload(d, true)).collect();
