@@ -11,6 +11,7 @@
 mod matrix;
 mod offload;
 mod ops;
+mod ops_attend;
 mod ops_moe;
 mod ops_route;
 mod ops_state;

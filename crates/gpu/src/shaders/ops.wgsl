@@ -220,6 +220,14 @@ fn head_matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
 }
 
 const SPLIT: u32 = 64u;
+
+// The first position a token with `n_pos` positions sees (p6 > 0: a sliding window of p6).
+fn first_seen(n_pos: u32) -> u32 {
+    if (prm.p6 > 0u && n_pos > prm.p6) {
+        return n_pos - prm.p6;
+    }
+    return 0u;
+}
 var<workgroup> scores: array<f32, 64>;
 
 // Causal attention, first half: one query head (workgroup x) of one token (its index in the
@@ -238,10 +246,7 @@ fn attend_part(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
     let dv = prm.p8;
     let t = prm.p9 + wg.y;
     let n_pos = prm.p5 + t + 1u;
-    var first = 0u;
-    if (prm.p6 > 0u && n_pos > prm.p6) {
-        first = n_pos - prm.p6;
-    }
+    let first = first_seen(n_pos);
     let p0 = first + wg.z * SPLIT;
     if (p0 >= n_pos) {
         return;
@@ -314,10 +319,7 @@ fn attend_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     let dv = prm.p8;
     let t = prm.p9 + wg.y;
     let n_pos = prm.p5 + t + 1u;
-    var first = 0u;
-    if (prm.p6 > 0u && n_pos > prm.p6) {
-        first = n_pos - prm.p6;
-    }
+    let first = first_seen(n_pos);
     let splits = (n_pos - first + SPLIT - 1u) / SPLIT;
     let base = (wg.y * prm.p0 + wg.x) * prm.p10 * (dv + 2u);
     var m = -3.0e38;
