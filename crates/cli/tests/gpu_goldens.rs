@@ -16,7 +16,13 @@ use strata_testkit::{as_u32s, fixture, golden, BF16_MODELS, QUANTIZED_MODELS};
 /// `strata --device gpu ARGS`: its JSON output and what it said on stderr; None when there is no
 /// adapter and `STRATA_NO_GPU=1` says so.
 fn on_gpu(args: &[&str]) -> Option<(Value, String)> {
+    on_gpu_with(&[], args)
+}
+
+/// [`on_gpu`] with `env` set.
+fn on_gpu_with(env: &[(&str, &str)], args: &[&str]) -> Option<(Value, String)> {
     let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .envs(env.iter().copied())
         .args(["--device", "gpu"])
         .args(args)
         .output()
@@ -139,4 +145,57 @@ fn routed_experts_on_the_gpu_match_the_goldens_also_when_few_fit() {
             _ => assert!(copies > 0, "--gpu-mem 64K: no expert copied: {bench}"),
         }
     }
+}
+
+/// A MoE layer whose every expert the GPU keeps lays out its products on the GPU, with no wait
+/// (`crates/models/src/gpu_resident.rs`): the same bits as the form that waits for the routes
+/// (`STRATA_GPU_RESIDENT=0`), for a prompt and for decoded tokens, in every fixture the GPU
+/// decoder takes; and the bench says the layers ran that way.
+#[test]
+fn resident_layers_give_the_bits_of_the_layers_that_wait() {
+    if on_gpu(&["logits", "--ids", "1,2,3"]).is_none() {
+        return;
+    }
+    let off = [("STRATA_GPU_RESIDENT", "0")];
+    let mut resident_somewhere = false;
+    for name in BF16_MODELS.iter().chain(QUANTIZED_MODELS) {
+        let dir = fixture(name);
+        let dir = dir.to_str().unwrap();
+        let ids = csv(&as_u32s(&golden(name)["prompts"][0]["ids"]));
+        let args = ["--gpu-experts", "logits", "--model", dir, "--ids", &ids];
+        let on = on_gpu(&args).expect("the GPU answered above").0;
+        let waiting = on_gpu_with(&off, &args).expect("the GPU answered above").0;
+        assert_eq!(on, waiting, "{name}: resident layers changed the logits");
+        let entry = &golden(name)["generation"][0];
+        let greedy = common::greedy_args(dir, entry);
+        let run_args: Vec<&str> = std::iter::once("--gpu-experts")
+            .chain(greedy.iter().map(|s| s.as_str()))
+            .collect();
+        let on = on_gpu(&run_args).expect("the GPU answered above").0;
+        let waiting = on_gpu_with(&off, &run_args).expect("the GPU answered above").0;
+        assert!(on["token_ids"].is_array(), "{name}: {on}");
+        assert_eq!(on, waiting, "{name}: resident layers changed the greedy run");
+        let bench = [
+            "--gpu-experts",
+            "bench",
+            "-m",
+            dir,
+            "--prompt-len",
+            "4",
+            "--tokens",
+            "3",
+            "--json",
+        ];
+        let layers = |env: &[(&str, &str)]| {
+            let b = on_gpu_with(env, &bench).expect("the GPU answered above").0;
+            b["gpu"]["resident_layers"].as_u64().unwrap_or(0)
+        };
+        assert_eq!(
+            layers(&off),
+            0,
+            "{name}: STRATA_GPU_RESIDENT=0 made layers resident"
+        );
+        resident_somewhere |= layers(&[]) > 0;
+    }
+    assert!(resident_somewhere, "no fixture ran a resident layer");
 }

@@ -71,6 +71,8 @@ struct Shared {
     prefetch: Prefetch,
     /// layer -> its experts (what a guess is compared with under `Prefetch::Batches`).
     experts_per_layer: HashMap<usize, usize>,
+    /// Bytes of every expert of the model together.
+    all_bytes: u64,
     /// `--io mmap`: misses are read through the mapping on the threads that need them, with
     /// nothing read ahead or overlapped (what an engine computing on a mapping gets).
     demand_paging: bool,
@@ -176,6 +178,7 @@ impl CachedStore {
         for &(layer, _) in plans.keys() {
             *experts_per_layer.entry(layer).or_insert(0) += 1;
         }
+        let all_bytes = plans.values().map(|p| p.bytes).sum();
         let shared = Arc::new(Shared {
             files,
             source,
@@ -192,6 +195,7 @@ impl CachedStore {
             } else {
                 prefetch
             },
+            all_bytes,
             experts_per_layer,
             demand_paging: io == IoMode::Mmap,
             uring: io == IoMode::Uring,
@@ -730,6 +734,20 @@ impl ExpertStore for CachedStore {
                 s.request((layer, e), false);
             }
         }
+    }
+
+    /// Every expert of `layer` is in the cache, and the cache holds every expert of the model
+    /// (so none is ever evicted).
+    fn holds_layer(&self, layer: usize) -> bool {
+        let s = &self.shared;
+        if s.demand_paging || s.all_bytes > s.budget as u64 {
+            return false;
+        }
+        let Some(&n) = s.experts_per_layer.get(&layer) else {
+            return false;
+        };
+        let lru = s.lru.lock().expect("cache lock");
+        (0..n).all(|e| lru.map.contains_key(&(layer, e)))
     }
 
     fn routed(&self, layer: usize, tokens: &[&[usize]]) {

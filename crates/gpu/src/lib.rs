@@ -13,6 +13,7 @@ mod offload;
 mod ops;
 mod ops_attend;
 mod ops_moe;
+mod ops_resident;
 mod ops_route;
 mod ops_state;
 mod packed;
@@ -29,6 +30,7 @@ pub use matrix::{GpuMatrix, Tile, WeightFormat};
 pub use offload::Offload;
 pub use ops::{AttendShape, Glu, GpuTensor, Recorder, Rotation, MAX_HEAD};
 pub use ops_moe::Routing;
+pub use ops_resident::{ResidentExperts, ResidentItems, MAX_RESIDENT_SLABS, MAX_ROUTED_ROWS};
 pub use ops_route::{RouteRule, MAX_PICKS, MAX_ROUTED_EXPERTS};
 
 /// What `--device` asks for.

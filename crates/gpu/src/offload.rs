@@ -32,6 +32,10 @@ pub struct Offload {
     /// far: routed experts leave the difference of the budget free.
     resident_want: AtomicU64,
     resident_used: Arc<AtomicU64>,
+    resident_layers: AtomicU64,
+    /// Whether MoE layers whose every expert is kept here lay out their products here
+    /// (`STRATA_GPU_RESIDENT=0`: off).
+    resident_on: AtomicBool,
 }
 
 impl Offload {
@@ -50,6 +54,8 @@ impl Offload {
             streamed: AtomicU64::new(0),
             resident_want: AtomicU64::new(0),
             resident_used: Arc::default(),
+            resident_layers: AtomicU64::new(0),
+            resident_on: AtomicBool::new(!std::env::var("STRATA_GPU_RESIDENT").is_ok_and(|v| v == "0")),
         }
     }
 
@@ -70,6 +76,38 @@ impl Offload {
         let r = m.as_any().downcast_ref::<Resident>()?;
         r.products.fetch_add(1, Ordering::Relaxed);
         Some(&r.m)
+    }
+
+    /// [`Offload::matrix`] without counting a product.
+    pub fn kept_matrix<'a>(&self, m: &'a dyn DeviceMatrix) -> Option<&'a GpuMatrix> {
+        Some(&m.as_any().downcast_ref::<Resident>()?.m)
+    }
+
+    /// Counts a MoE layer whose every expert the GPU keeps and lays out itself (the GPU
+    /// decoder's resident layers).
+    pub fn count_resident_layer(&self) {
+        self.resident_layers.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether MoE layers whose every expert is kept here lay out their products here (the
+    /// GPU decoder's resident layers; on unless `STRATA_GPU_RESIDENT=0`).
+    pub fn resident_layers_on(&self) -> bool {
+        self.resident_on.load(Ordering::Relaxed)
+    }
+
+    /// Turns resident layers on or off for the models' next steps (tests compare the two forms).
+    pub fn set_resident_layers(&self, on: bool) {
+        self.resident_on.store(on, Ordering::Relaxed);
+    }
+
+    /// MoE layers made resident so far ([`Offload::count_resident_layer`]).
+    pub fn resident_layers(&self) -> u64 {
+        self.resident_layers.load(Ordering::Relaxed)
+    }
+
+    /// Counts `n` routed experts' products run on the GPU by code that laid them out there.
+    pub fn count_expert_products(&self, n: u64) {
+        self.expert_products.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Bytes of weights uploaded so far.

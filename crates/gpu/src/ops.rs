@@ -119,6 +119,8 @@ enum Op {
         items: wgpu::Buffer,
         x: wgpu::Buffer,
         y: wgpu::Buffer,
+        /// Where in `items` the GPU wrote the dispatch's size; None: `d.groups`.
+        indirect: Option<u64>,
     },
     Kernel {
         k: Kernel,
@@ -183,7 +185,12 @@ impl Gpu {
         // Sizes in powers of two (from 256 bytes), so a pooled buffer fits many tensors.
         let pow2 = exact.max(256).next_power_of_two();
         let bytes = if pow2 <= self.binding_limit { pow2 } else { exact };
-        let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+        // INDIRECT: a tensor may hold the sizes of dispatches the GPU laid out
+        // (`ops_resident.rs`).
+        let usage = wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_SRC
+            | wgpu::BufferUsages::COPY_DST
+            | wgpu::BufferUsages::INDIRECT;
         let buf = self.pooled(bytes, usage, "tensor");
         Ok(GpuTensor {
             inner: Arc::new(Pooled {
@@ -244,11 +251,18 @@ impl<'g> Recorder<'g> {
         self.slots.extend(m.chunks.iter().filter_map(|c| c.slot.clone()));
     }
 
+    /// Holds `slots` until the recorded work is done.
+    pub(crate) fn hold_slot_list(&mut self, slots: &[Arc<Slot>]) {
+        self.slots.extend(slots.iter().cloned());
+    }
+
+    /// A grouped product of the experts in slab `w`; `indirect`: the byte of `items` where the
+    /// GPU wrote the dispatch's size (None: `d.groups`).
     pub(crate) fn push_grouped(
         &mut self,
         (format, tile): (WeightFormat, Tile),
         (w, d): (&wgpu::Buffer, Dispatch),
-        items: &GpuTensor,
+        (items, indirect): (&GpuTensor, Option<u64>),
         x: &GpuTensor,
         y: &GpuTensor,
     ) {
@@ -261,6 +275,7 @@ impl<'g> Recorder<'g> {
             items,
             x,
             y,
+            indirect,
         });
     }
 
@@ -630,11 +645,15 @@ impl<'g> Recorder<'g> {
                 items,
                 x,
                 y,
+                indirect,
             } => {
                 let bind = g.grouped_bind(w, [x, y, params, items]);
                 pass.set_pipeline(g.matmul_pipeline(*format, *tile, true));
                 pass.set_bind_group(0, &bind, &[(slot * PARAMS_STRIDE) as u32]);
-                pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+                match indirect {
+                    Some(at) => pass.dispatch_workgroups_indirect(items, *at),
+                    None => pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]),
+                }
                 1
             }
             Op::Kernel { k, bufs, groups, .. } => {

@@ -46,6 +46,11 @@ impl Routing {
         &self.table
     }
 
+    /// Token rows of the batch.
+    pub fn tokens(&self) -> usize {
+        self.tokens
+    }
+
     /// Rows of all experts together.
     pub fn rows(&self) -> usize {
         self.starts.last().copied().unwrap_or(0)
@@ -278,7 +283,7 @@ impl Recorder<'_> {
                     params: p.bytes(),
                     groups: [grid_x as u32, grid_y as u32, (n - from).min(MAX_GROUPS) as u32],
                 };
-                self.push_grouped((first.format, tile), (g.slab, d), &table, x, y);
+                self.push_grouped((first.format, tile), (g.slab, d), (&table, None), x, y);
             }
         }
         Ok(())

@@ -66,6 +66,7 @@ pub(crate) enum Kernel {
     Combine,
     Route,
     RouteTable,
+    ExpertItems,
 }
 
 impl Kernel {
@@ -83,6 +84,7 @@ impl Kernel {
             Kernel::Combine => "combine",
             Kernel::Route => "route",
             Kernel::RouteTable => "route_table",
+            Kernel::ExpertItems => "expert_items",
         }
     }
 }
@@ -92,7 +94,7 @@ pub(crate) struct Pipelines {
     pub(crate) layout: wgpu::BindGroupLayout,
     pipeline_layout: wgpu::PipelineLayout,
     module: OnceLock<wgpu::ShaderModule>,
-    pipes: [OnceLock<wgpu::ComputePipeline>; 12],
+    pipes: [OnceLock<wgpu::ComputePipeline>; 13],
     pub(crate) unused: wgpu::Buffer,
 }
 

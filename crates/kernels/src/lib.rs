@@ -38,7 +38,9 @@ pub mod q8_0;
 pub mod storage;
 mod weight_data;
 
-pub use linear::{u16_vec_from_bytes, weight_bytes_touched, Linear, Prepared, WeightData};
+pub use linear::{
+    count_weight_bytes, u16_vec_from_bytes, weight_bytes_touched, Linear, Prepared, WeightData,
+};
 pub use storage::{Owner, Pod, Storage};
 
 /// A one-token product's rows two at a time: `out[r..r + 2] = two(r)` for each pair, and

@@ -82,6 +82,12 @@ pub fn weight_bytes_touched() -> u64 {
     WEIGHT_BYTES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// Adds `bytes` read by products that code outside these kernels ran (the GPU decoder's
+/// resident layers) to [`weight_bytes_touched`].
+pub fn count_weight_bytes(bytes: u64) {
+    WEIGHT_BYTES.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Below this many multiply-adds a product runs on the calling thread (thread hand-off costs more).
 const PARALLEL_MIN_WORK: usize = 1 << 17;
 const ROWS_PER_TASK: usize = 16;

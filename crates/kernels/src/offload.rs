@@ -215,6 +215,12 @@ pub fn expert_uses() -> (u64, u64) {
     )
 }
 
+/// Counts `n` uses of routed experts' weights found on the device by code that reads their
+/// kept copies itself (the GPU decoder's layers whose experts all stay there).
+pub fn count_expert_hits(n: u64) {
+    EXPERT_HITS.fetch_add(n, Ordering::Relaxed);
+}
+
 impl Linear {
     /// Marks a routed expert's weight: on the device only as a kept copy (see the module).
     pub fn routed_expert(mut self) -> Linear {

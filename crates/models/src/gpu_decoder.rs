@@ -21,6 +21,7 @@ use strata_gpu::{AttendShape, Glu, Gpu, GpuTensor, Offload, Recorder, Rotation};
 use strata_kernels::Linear;
 
 use crate::decoder::{next_moe_input, Attention, Block, BlockRef, Decoder, Ffn, SeqInput};
+use crate::gpu_resident::{ResidentLayer, RoutesBack};
 use crate::layers::attention::GqaAttention;
 use crate::layers::math::Activation;
 use crate::layers::mla::QueryProj;
@@ -36,6 +37,8 @@ use strata_kernels::profile::span;
 pub struct GpuState {
     vectors: Mutex<HashMap<(usize, Role), Arc<GpuTensor>>>,
     eligible: OnceLock<bool>,
+    /// MoE layers whose every expert the GPU keeps (None: it could not take them all).
+    resident: Mutex<HashMap<usize, Option<Arc<ResidentLayer>>>>,
     /// A step failed on the GPU: this model's layers run on the CPU from then on.
     lost: AtomicBool,
 }
@@ -86,9 +89,11 @@ pub(crate) struct KvRows {
 /// One forward pass's GPU work in progress.
 pub(crate) struct Pass<'g> {
     pub(crate) gpu: &'g Gpu,
-    off: &'static Offload,
+    pub(crate) off: &'static Offload,
     pub(crate) rec: Recorder<'g>,
     pub(crate) kv: Vec<KvRows>,
+    /// Resident layers' routes, read back at the next wait.
+    pub(crate) routes_back: Vec<RoutesBack>,
     /// Tokens of the step (for the profile's spans).
     tokens: usize,
 }
@@ -193,7 +198,11 @@ impl<'g> Pass<'g> {
     ) -> Result<Vec<Vec<f32>>> {
         let rec = std::mem::replace(&mut self.rec, self.gpu.recorder());
         let kv = std::mem::take(&mut self.kv);
+        let routes = std::mem::take(&mut self.routes_back);
         let mut all: Vec<(&GpuTensor, usize, usize)> = reads.to_vec();
+        for r in &routes {
+            all.push((&r.routes, 0, r.tokens * r.k * 2));
+        }
         for r in &kv {
             all.push((&r.k, r.at, r.len));
             if let Some(v) = &r.v {
@@ -202,6 +211,13 @@ impl<'g> Pass<'g> {
         }
         let mut got = span("GPU submit and wait", self.tokens, || rec.finish(&all)).map_err(gpu_err)?;
         let mut rows = got.split_off(reads.len()).into_iter();
+        // Each resident layer's experts used, three matrices each, all found on the GPU.
+        for r in &routes {
+            let used = RoutesBack::distinct(&rows.next().unwrap_or_default()) as u64;
+            strata_kernels::offload::count_expert_hits(3 * used);
+            strata_kernels::count_weight_bytes(used * r.expert_bytes);
+            self.off.count_expert_products(3 * used);
+        }
         for r in &kv {
             let c = &mut batch[r.seq].cache.layers[r.layer];
             c.k.extend_from_slice(&rows.next().unwrap_or_default());
@@ -300,6 +316,18 @@ impl Decoder {
         true
     }
 
+    /// Layer `layer`'s resident form as made before (None inside: it cannot be made); None:
+    /// not tried yet.
+    pub(crate) fn gpu_resident_get(&self, layer: usize) -> Option<Option<Arc<ResidentLayer>>> {
+        let kept = self.gpu.resident.lock().unwrap_or_else(|e| e.into_inner());
+        kept.get(&layer).cloned()
+    }
+
+    pub(crate) fn gpu_resident_put(&self, layer: usize, made: Option<Arc<ResidentLayer>>) {
+        let mut kept = self.gpu.resident.lock().unwrap_or_else(|e| e.into_inner());
+        kept.insert(layer, made);
+    }
+
     /// A vector of the model in GPU memory (made at its first use).
     pub(crate) fn gpu_vector(
         &self,
@@ -352,6 +380,7 @@ impl Decoder {
             off,
             rec: gpu.recorder(),
             kv: Vec::new(),
+            routes_back: Vec::new(),
             tokens: n_tokens,
         };
         let xt = gpu.upload_tensor(x).map_err(gpu_err)?;

@@ -39,6 +39,17 @@ impl Decoder {
         let n_experts = moe.router.weight.out_dim;
         let logits = pass.tensor(n_tokens * n_experts)?;
         pass.product(&moe.router.weight, h, n_tokens, &logits)?;
+        // The routes themselves on the GPU where its kernels take the router ([`route_on_gpu`]);
+        // only they go back.
+        let k = moe.router.top_k;
+        let routes = match self.route_on_gpu(pass, moe, &logits, n_tokens)? {
+            // A layer whose every expert the GPU keeps lays out its products there: no wait.
+            Some(r) => match self.resident_layer(pass, moe, n_tokens)? {
+                Some(layer) => return self.moe_resident(pass, moe, &layer, (xt, h), r, n_tokens),
+                None => Some(r),
+            },
+            None => None,
+        };
         let next_block = self.next_moe(l);
         let next = next_moe_input(&next_block, self.eps).map(|(_, n)| n);
         // The next MoE layer's guess from this residual, in the same submission.
@@ -53,10 +64,6 @@ impl Decoder {
             }
             None => None,
         };
-        // The routes themselves on the GPU where its kernels take the router ([`route_on_gpu`]);
-        // only they go back.
-        let k = moe.router.top_k;
-        let routes = self.route_on_gpu(pass, moe, &logits, n_tokens)?;
         let mut reads = vec![match &routes {
             Some(r) => (r, 0, n_tokens * k * 2),
             None => (&logits, 0, n_tokens * n_experts),
@@ -76,18 +83,7 @@ impl Decoder {
         }
 
         // The shared expert first (resident weights), while the routed experts' reads fly.
-        let shared = match &moe.shared {
-            Some(m) => {
-                let y = pass.mlp(&m.gate, &m.up, &m.down, m.act, h, n_tokens)?;
-                if let Some(gate) = &moe.shared_gate {
-                    let g = pass.tensor(n_tokens)?;
-                    pass.product(gate, h, n_tokens, &g)?;
-                    pass.rec.scale_sigmoid(&y, &g, n_tokens, d).map_err(gpu_err)?;
-                }
-                Some(y)
-            }
-            None => None,
-        };
+        let shared = self.shared_expert_gpu(pass, moe, h, n_tokens)?;
         let routing = match &routes {
             Some(r) => {
                 let mut starts = vec![0];
@@ -158,20 +154,32 @@ impl Decoder {
         let ys = pass.tensor(rows * d)?;
         let downs: Vec<&Linear> = experts.iter().map(|e| &e.down).collect();
         pass.experts_product(&downs, &spans, &g, &ys)?;
-        let sum = pass.tensor(n_tokens * d)?;
-        pass.rec.combine(&sum, &ys, &routing, d).map_err(gpu_err)?;
-        if let Some(y) = &shared {
-            pass.rec
-                .add(&sum, n_tokens * d, y, n_tokens * d)
-                .map_err(gpu_err)?;
-        }
-        pass.rec
-            .add(xt, n_tokens * d, &sum, n_tokens * d)
-            .map_err(gpu_err)
+        sum_into_residual(pass, (&ys, &routing), shared.as_ref(), xt, d)
     }
 }
 
 impl Decoder {
+    /// The shared expert of `moe` applied to the normed rows `h` (T, D), with its gate.
+    pub(crate) fn shared_expert_gpu(
+        &self,
+        pass: &mut Pass<'_>,
+        moe: &MoeLayer,
+        h: &GpuTensor,
+        n_tokens: usize,
+    ) -> Result<Option<GpuTensor>> {
+        let Some(m) = &moe.shared else {
+            return Ok(None);
+        };
+        let y = pass.mlp(&m.gate, &m.up, &m.down, m.act, h, n_tokens)?;
+        if let Some(gate) = &moe.shared_gate {
+            let g = pass.tensor(n_tokens)?;
+            pass.product(gate, h, n_tokens, &g)?;
+            let d = self.info.hidden_dim;
+            pass.rec.scale_sigmoid(&y, &g, n_tokens, d).map_err(gpu_err)?;
+        }
+        Ok(Some(y))
+    }
+
     /// Records the routes of router `logits` (T, E) on the GPU, (T, k, 2) (expert id bits,
     /// weight; ascending by expert), where its kernels take the router: at most
     /// [`MAX_ROUTED_EXPERTS`] experts and [`MAX_PICKS`] picks. None: the CPU routes.
@@ -239,6 +247,28 @@ impl Router {
             }
         })
     }
+}
+
+/// Each token's sum of its experts' outputs `ys` (packed as `routing` lays them out), plus
+/// the shared expert's `shared`, added to the residual `xt` (rows of `d`).
+pub(crate) fn sum_into_residual(
+    pass: &mut Pass<'_>,
+    (ys, routing): (&GpuTensor, &Routing),
+    shared: Option<&GpuTensor>,
+    xt: &GpuTensor,
+    d: usize,
+) -> Result<()> {
+    let n_tokens = routing.tokens();
+    let sum = pass.tensor(n_tokens * d)?;
+    pass.rec.combine(&sum, ys, routing, d).map_err(gpu_err)?;
+    if let Some(y) = shared {
+        pass.rec
+            .add(&sum, n_tokens * d, y, n_tokens * d)
+            .map_err(gpu_err)?;
+    }
+    pass.rec
+        .add(xt, n_tokens * d, &sum, n_tokens * d)
+        .map_err(gpu_err)
 }
 
 /// Each token's route from the GPU's (expert id bits, weight) pairs, `k` a token, of `n`

@@ -16,6 +16,7 @@ mod error;
 mod gpu_decoder;
 mod gpu_mla;
 mod gpu_moe;
+mod gpu_resident;
 mod info;
 pub mod layers;
 pub mod profile;

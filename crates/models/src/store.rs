@@ -34,6 +34,13 @@ pub trait ExpertStore: Send + Sync {
     /// `ids` of `layer` are needed now: start reading the misses (the `get` that follows waits).
     fn submit(&self, _layer: usize, _ids: &[usize]) {}
 
+    /// Whether every expert of `layer` is in memory and stays there for the store's life (a
+    /// cache that holds the whole model's experts): the GPU decoder then keeps the layer's
+    /// experts on the GPU and lays out their products there, with no round trip.
+    fn holds_layer(&self, _layer: usize) -> bool {
+        false
+    }
+
     /// What each token of a step picked at `layer` (before the experts are asked for): a store
     /// that records routing (`--trace`) writes it down.
     fn routed(&self, _layer: usize, _tokens: &[&[usize]]) {}

@@ -426,6 +426,23 @@ pub fn bench(args: BenchArgs) -> Result<()> {
                 hits + copies
             );
         }
+        // The decode's weights against the GPU memory's own read rate, where every weight is
+        // on the GPU (compute-only with --gpu-experts).
+        let gpu_read = g["memory_read_gbps"].as_f64().unwrap_or(0.0) * 1e9;
+        if let (Some(c), true) = (&compute, gpu_read > 0.0 && copies == 0) {
+            println!(
+                "gpu decode            {:.3} GB of weights per token at {:.1} GB/s = {:.0} % of the GPU memory's read rate measured above",
+                c.weight_bytes_per_token / 1e9,
+                c.weights_bps() / 1e9,
+                100.0 * c.weights_bps() / gpu_read
+            );
+        }
+        let resident = g["resident_layers"].as_u64().unwrap_or(0);
+        if resident > 0 {
+            println!(
+                "gpu resident layers   {resident} MoE layers with every expert kept on the GPU: their products laid out there, no wait"
+            );
+        }
     }
     if args.json {
         // The names a check outside the project reads come first.

@@ -48,6 +48,7 @@ pub(super) fn gpu_figures(g: &strata_gpu::Offload, uses: (u64, u64)) -> serde_js
         "copied_bytes": g.streamed_bytes(),
         "products": g.products(),
         "expert_products": g.expert_products(),
+        "resident_layers": g.resident_layers(),
         "expert_hits": hits - uses.0,
         "expert_copies": copies - uses.1,
         "memory_read_gbps": read / 1e9,

@@ -590,3 +590,58 @@ fn route_table(@builtin(local_invocation_index) l: u32) {
         a[p + t] = bitcast<f32>(t * k);
     }
 }
+
+var<workgroup> taken: array<atomic<u32>, 192>;
+
+// The three products' items of a layer whose every expert lies in a slab (one workgroup):
+// c holds each of the p0 experts' (slab, start) for the gate, up and down products (six words),
+// b the routing table, whose experts' first packed rows start at p2. For product i (p3 + i:
+// tokens a workgroup takes; p6 + i: its slabs; p10 + 2i, p11 + 2i: its grid), each expert with
+// rows gets one item (start, first row, rows, first token) per block of tokens, in its slab's
+// region of p1 items (from vec4 p9 + slab * p1, the products' slabs in turn), and each slab's
+// dispatch size goes to words 3 * slab (its grid, then its items). Which item a workgroup takes
+// changes no output's sum.
+@compute @workgroup_size(128)
+fn expert_items(@builtin(local_invocation_index) l: u32) {
+    let n = prm.p0;
+    let cap = prm.p1;
+    let starts = prm.p2;
+    var tbs = array<u32, 3>(prm.p3, prm.p4, prm.p5);
+    var firsts = array<u32, 3>(0u, prm.p6, prm.p6 + prm.p7);
+    let slabs = prm.p6 + prm.p7 + prm.p8;
+    for (var i = l; i < slabs; i += WG) {
+        atomicStore(&taken[i], 0u);
+    }
+    workgroupBarrier();
+    for (var e = l; e < n; e += WG) {
+        let r0 = bitcast<u32>(b[starts + e]);
+        let rows = bitcast<u32>(b[starts + e + 1u]) - r0;
+        for (var p = 0u; p < 3u && rows > 0u; p++) {
+            let tb = tbs[p];
+            let g = firsts[p] + bitcast<u32>(c[6u * e + 2u * p]);
+            let wb = c[6u * e + 2u * p + 1u];
+            let blocks = (rows + tb - 1u) / tb;
+            let at = atomicAdd(&taken[g], blocks);
+            for (var j = 0u; j < blocks; j++) {
+                let o = 4u * (prm.p9 + g * cap + at + j);
+                a[o] = wb;
+                a[o + 1u] = bitcast<f32>(r0);
+                a[o + 2u] = bitcast<f32>(rows);
+                a[o + 3u] = bitcast<f32>(j * tb);
+            }
+        }
+    }
+    workgroupBarrier();
+    for (var i = l; i < slabs; i += WG) {
+        var p = 0u;
+        if (i >= firsts[2]) {
+            p = 2u;
+        } else if (i >= firsts[1]) {
+            p = 1u;
+        }
+        var grid = array<u32, 6>(prm.p10, prm.p11, prm.p12, prm.p13, prm.p14, prm.p15);
+        a[3u * i] = bitcast<f32>(grid[2u * p]);
+        a[3u * i + 1u] = bitcast<f32>(grid[2u * p + 1u]);
+        a[3u * i + 2u] = bitcast<f32>(atomicLoad(&taken[i]));
+    }
+}
