@@ -541,6 +541,7 @@ fn route(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
 
 var<workgroup> counts: array<atomic<u32>, 1024>;
 var<workgroup> cursor: array<u32, 1024>;
+var<workgroup> runs: array<u32, 128>;
 
 // The routing table of p0 tokens' routes (b: p1 picks a token, (expert id bits, weight) each,
 // ascending by expert) over p2 experts, one workgroup: as `Recorder::routing` lays it out (P =
@@ -563,14 +564,34 @@ fn route_table(@builtin(local_invocation_index) l: u32) {
         atomicAdd(&counts[bitcast<u32>(b[2u * i])], 1u);
     }
     workgroupBarrier();
-    if (l == 0u) {
-        var s = 0u;
-        for (var e = 0u; e < n; e++) {
-            cursor[e] = s;
-            a[starts + e] = bitcast<f32>(s);
-            s += atomicLoad(&counts[e]);
+    // Each expert's first packed row: each invocation sums a run of experts' counts, the runs'
+    // sums are scanned, then each invocation writes its run's starts.
+    let per = (n + WG - 1u) / WG;
+    let e0 = min(l * per, n);
+    let e1 = min(e0 + per, n);
+    var own = 0u;
+    for (var e = e0; e < e1; e++) {
+        own += atomicLoad(&counts[e]);
+    }
+    runs[l] = own;
+    workgroupBarrier();
+    for (var off = 1u; off < WG; off = off * 2u) {
+        var before = 0u;
+        if (l >= off) {
+            before = runs[l - off];
         }
-        a[starts + n] = bitcast<f32>(s);
+        workgroupBarrier();
+        runs[l] += before;
+        workgroupBarrier();
+    }
+    var at = runs[l] - own;
+    for (var e = e0; e < e1; e++) {
+        cursor[e] = at;
+        a[starts + e] = bitcast<f32>(at);
+        at += atomicLoad(&counts[e]);
+    }
+    if (l == WG - 1u) {
+        a[starts + n] = bitcast<f32>(runs[l]);
     }
     workgroupBarrier();
     // Tokens in order, so each expert's rows go by ascending token.
