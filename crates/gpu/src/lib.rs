@@ -214,7 +214,7 @@ pub struct Gpu {
     /// Buffers of tensors no longer used.
     pool: Arc<Mutex<ops_state::Pool>>,
     /// The layer kernels' parameter buffer and the bind groups kept with it.
-    binds: Mutex<ops_state::BindCache>,
+    pub(crate) binds: Mutex<ops_state::BindCache>,
     /// Waits so far, and the first that fails ([`Gpu::fail_from_wait`]).
     waits: std::sync::atomic::AtomicU64,
     fail_from: std::sync::atomic::AtomicU64,

@@ -647,7 +647,10 @@ impl<'g> Recorder<'g> {
                 y,
                 indirect,
             } => {
-                let bind = g.grouped_bind(w, [x, y, params, items]);
+                // Kept by buffers (the parameters' is the cache's own); a slab given back
+                // clears the cache.
+                let key = [Some((w, 0)), Some((x, 0)), Some((y, 0)), Some((items, 0))];
+                let bind = kept.get(2, key, || g.grouped_bind(w, [x, y, params, items]));
                 pass.set_pipeline(g.matmul_pipeline(*format, *tile, true));
                 pass.set_bind_group(0, &bind, &[(slot * PARAMS_STRIDE) as u32]);
                 match indirect {

@@ -189,6 +189,12 @@ impl BindCache {
         self.params.clone().expect("made above")
     }
 
+    /// Forgets every bind group (they hold their buffers: an expert slab given back must not
+    /// outlive its budget in them).
+    pub(crate) fn forget(&mut self) {
+        self.groups.clear();
+    }
+
     pub(crate) fn get(
         &mut self,
         layout: u8,

@@ -99,8 +99,13 @@ impl Slabs {
                 break (want, r);
             }
             if !pruned {
-                // Slabs that hold nothing give their bytes back first.
+                // Slabs that hold nothing give their bytes back first (and the kept bind groups
+                // that name them go).
+                let before = slabs.len();
                 slabs.retain(|s| Arc::strong_count(s) > 1);
+                if slabs.len() < before {
+                    gpu.binds.lock().unwrap_or_else(|e| e.into_inner()).forget();
+                }
                 pruned = true;
                 continue;
             }
