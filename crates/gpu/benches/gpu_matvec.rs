@@ -98,7 +98,7 @@ fn main() {
             let m = matrix(&g, format, rows, in_dim);
             let mib = m.bytes() as f64 / (1 << 20) as f64;
             for &t in &tokens {
-                let default = Tile::for_product(t, rows);
+                let default = Tile::for_product(t, rows, in_dim);
                 for tile in Tile::ALL
                     .iter()
                     .filter(|tile| tile.tokens as usize <= t || **tile == default)

@@ -78,13 +78,16 @@ impl Tile {
         Tile { rows, tokens }
     }
 
-    /// The tile a product of `tokens` with a matrix of `rows` takes: measured on an NVIDIA H200
-    /// (`gpu_matvec`, docs/PERFORMANCE.md), two rows a workgroup for one token of a matrix with
-    /// fewer than 16,384 rows (more workgroups at once would only wait on the same reads), one
-    /// row for larger ones, and two rows x four tokens for any prompt.
-    pub fn for_product(tokens: usize, rows: usize) -> Tile {
+    /// The tile a product of `tokens` with a matrix of `rows` x `in_dim` takes: measured on an
+    /// NVIDIA H200 and H100 (`gpu_matvec`, docs/PERFORMANCE.md), two rows a workgroup for one
+    /// token of a matrix with fewer than 16,384 rows (more workgroups at once would only wait on
+    /// the same reads), one row for larger ones and for rows of 8,192 inputs or more (an
+    /// invocation then has enough of its own to read), and two rows x four tokens for any
+    /// prompt.
+    pub fn for_product(tokens: usize, rows: usize, in_dim: usize) -> Tile {
         match (tokens, rows) {
             (1, 16384..) => Tile::new(1, 1),
+            (1, _) if in_dim >= 8192 => Tile::new(1, 1),
             (1, _) => Tile::new(2, 1),
             _ => Tile::new(2, 4),
         }

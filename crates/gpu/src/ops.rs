@@ -328,7 +328,10 @@ impl<'g> Recorder<'g> {
         if tokens == 0 {
             return Ok(());
         }
-        let tile = self.gpu.forced_tile.unwrap_or(Tile::for_product(tokens, m.rows));
+        let tile = self
+            .gpu
+            .forced_tile
+            .unwrap_or(Tile::for_product(tokens, m.rows, m.in_dim));
         let (xb, yb) = (self.hold(x), self.hold(y));
         self.hold_slots(m);
         self.ops.push(Op::Matmul {

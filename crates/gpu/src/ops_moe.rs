@@ -120,9 +120,12 @@ impl Recorder<'_> {
         if p == 0 {
             return Ok(());
         }
-        let (groups, line) = grid(p);
+        // A workgroup per block of 128 values of a row.
+        let blocks = dim.div_ceil(128).max(1);
+        let (groups, line) = grid(p * blocks);
         let mut prm = [0u32; 16];
         prm[..3].copy_from_slice(&[p as u32, dim as u32, 0]);
+        prm[4] = blocks as u32;
         prm[15] = line;
         let table = &routing.table;
         self.kernel(
@@ -149,9 +152,11 @@ impl Recorder<'_> {
         if t == 0 {
             return Ok(());
         }
-        let (groups, line) = grid(t);
+        let blocks = dim.div_ceil(128).max(1);
+        let (groups, line) = grid(t * blocks);
         let mut prm = [0u32; 16];
         prm[..4].copy_from_slice(&[t as u32, dim as u32, p as u32, (p + t + 1) as u32]);
+        prm[4] = blocks as u32;
         prm[15] = line;
         let table = &routing.table;
         self.kernel(
@@ -211,7 +216,7 @@ impl Recorder<'_> {
         let tile = self
             .gpu()
             .forced_tile
-            .unwrap_or(Tile::for_product(most.min(2), out));
+            .unwrap_or(Tile::for_product(most.min(2), out, ind));
         let same_scales = |m: &GpuMatrix| {
             let (a, b) = (m.scales, first.scales);
             (a.row_bytes, a.per_row, a.rows, a.cols) == (b.row_bytes, b.per_row, b.rows, b.cols)

@@ -107,6 +107,11 @@ impl ResidentExperts {
     pub fn experts(&self) -> usize {
         self.experts
     }
+
+    /// The slabs each of the three products spans (a dispatch each).
+    pub fn slabs(&self) -> [usize; 3] {
+        self.products.each_ref().map(|p| p.slabs.len())
+    }
 }
 
 fn same_scales(a: ScaleLayout, b: ScaleLayout) -> bool {
@@ -152,7 +157,7 @@ impl Recorder<'_> {
         let tiles = re.products.each_ref().map(|p| {
             self.gpu()
                 .forced_tile
-                .unwrap_or(Tile::for_product(tokens.min(2), p.rows))
+                .unwrap_or(Tile::for_product(tokens.min(2), p.rows, p.in_dim))
         });
         let grids: Vec<(usize, usize)> = re
             .products

@@ -87,7 +87,9 @@ impl Gpu {
     /// as the CPU's `Linear::matmul` lays them out. Each output's sum runs in the same order
     /// whatever `tokens` is.
     pub fn matmul(&self, m: &GpuMatrix, xs: &[f32], tokens: usize) -> Result<Vec<f32>, GpuError> {
-        let tile = self.forced_tile.unwrap_or(Tile::for_product(tokens, m.rows));
+        let tile = self
+            .forced_tile
+            .unwrap_or(Tile::for_product(tokens, m.rows, m.in_dim));
         self.matmul_tile(m, xs, tokens, tile)
     }
 
@@ -170,7 +172,9 @@ impl Gpu {
                     m.in_dim
                 )));
             }
-            let tile = self.forced_tile.unwrap_or(Tile::for_product(tokens, m.rows));
+            let tile = self
+                .forced_tile
+                .unwrap_or(Tile::for_product(tokens, m.rows, m.in_dim));
             let ds = dispatches(m, tokens, tile, (0, 0))?;
             let (x_bytes, y_bytes) = ((xs.len() * 4) as u64, (tokens * m.rows * 4) as u64);
             plans.push(Planned {

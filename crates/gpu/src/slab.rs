@@ -3,9 +3,11 @@
 //! products of every routed expert of a layer whose matrices share a slab
 //! ([`crate::Recorder::matmul_experts`]) instead of one dispatch (and one barrier) per expert.
 //!
-//! A slab holds the slots of one size. Each new slab of a size holds as many slots as all the
-//! earlier ones of that size together (one at first), up to a binding's bytes and 1 GiB, so the
-//! memory reserved ahead of use stays within twice what is used. A slot goes back to its slab
+//! A slab holds the slots of one size. The first slab of a size holds 512 MiB of slots, each
+//! later one as many slots as all the earlier ones of that size together, up to a binding's
+//! bytes and 1 GiB (and halved until the budget grants it): a layer's experts then lie in a few
+//! slabs, so its grouped products take few dispatches, and the memory reserved ahead of use
+//! stays within 512 MiB or twice what is used. A slot goes back to its slab
 //! when the matrix in it goes; a slab that holds nothing is dropped (its bytes go back to the
 //! budget) when a new slab finds no room.
 
@@ -16,6 +18,8 @@ use crate::{Gpu, GpuError};
 
 /// The most bytes one slab takes.
 const SLAB_MOST: u64 = 1 << 30;
+/// The bytes of the first slab of a size.
+const FIRST_BYTES: u64 = 512 << 20;
 /// The most slots one slab holds.
 const SLOTS_MOST: u64 = 1024;
 
@@ -92,7 +96,10 @@ impl Slabs {
             .filter(|s| s.slot_bytes == bytes)
             .map(|s| u64::from(s.slots))
             .sum();
-        let mut want = before.clamp(1, SLOTS_MOST).min(most_bytes / bytes);
+        let first = (FIRST_BYTES / bytes).max(1);
+        let mut want = if before == 0 { first } else { before }
+            .clamp(1, SLOTS_MOST)
+            .min(most_bytes / bytes);
         let mut pruned = false;
         let (slots, reserved) = loop {
             if let Some(r) = reserve(want * bytes) {

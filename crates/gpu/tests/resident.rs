@@ -1,7 +1,7 @@
 //! A layer's routed experts all kept in slabs (`ResidentExperts`): the items of its gate, up and
 //! down products laid out on the GPU from a routing table the GPU made, each product run as one
 //! indirect dispatch per slab. Every output has the bits `matmul_experts` gives it from routes
-//! the CPU knows, for every format, experts over several slabs, experts with no rows and with
+//! the CPU knows, for every format, experts over two slabs, experts with no rows and with
 //! several blocks of rows; and a layer with one expert outside the slabs is refused.
 
 use strata_gpu::{Gpu, GpuMatrix, Recorder, ResidentExperts, Routing};
@@ -87,25 +87,37 @@ fn both(
 fn products_laid_out_on_the_gpu_give_the_bits_of_those_laid_out_by_the_cpu() {
     let Some(g) = gpu() else { return };
     let mut rng = Rng(0x5eed_0000_4e5e_0001);
-    for kind in 0..KINDS {
-        let (d, f) = (1 + rng.below(300), 1 + rng.below(90));
+    // Every format with a few experts (one slab), then enough small experts that each product
+    // spans two slabs (a slab holds at most 1024 matrices; square ones, so the three products
+    // share them).
+    let cases = (0..KINDS)
+        .map(|kind| (kind, 9, false))
+        .chain([(0, 400, true), (5, 400, true)]);
+    for (kind, most, small) in cases {
+        let (d, f) = match small {
+            false => (1 + rng.below(300), 1 + rng.below(90)),
+            true => (8, 8),
+        };
         let variant = Some(rng.below(4));
-        // Enough experts that a product's matrices span several slabs (each new slab of a
-        // size holds as many slots as the ones before).
-        let n = 9 + rng.below(12);
+        let n = most + rng.below(12);
         let shapes = [(f, d), (f, d), (d, f)];
         let ws: Vec<[Weights; 3]> = (0..n)
             .map(|_| shapes.map(|(r, c)| Weights::random_variant(kind, r, c, variant, &mut rng)))
             .collect();
-        let mats: [Vec<GpuMatrix>; 3] = std::array::from_fn(|p| {
-            ws.iter()
-                .map(|w| g.upload_expert(&w[p].data, w[p].in_dim).unwrap().unwrap())
-                .collect()
-        });
+        // Expert by expert, as a layer's experts are kept.
+        let mut mats: [Vec<GpuMatrix>; 3] = Default::default();
+        for w in &ws {
+            for (p, m) in mats.iter_mut().enumerate() {
+                m.push(g.upload_expert(&w[p].data, w[p].in_dim).unwrap().unwrap());
+            }
+        }
         let refs: [Vec<&GpuMatrix>; 3] = std::array::from_fn(|p| mats[p].iter().collect());
         let res = ResidentExperts::new(&g, [&refs[0], &refs[1], &refs[2]])
             .unwrap()
             .expect("every expert in a slab");
+        if small {
+            assert!(res.slabs().iter().all(|&s| s >= 2), "{:?}: one slab", res.slabs());
+        }
         for (tokens, k) in [(1, 2.min(n)), (3, 4), (37, 3)] {
             for (p, (got, want)) in both(&g, &res, &mats, (tokens, k), &mut rng).iter().enumerate() {
                 assert!(

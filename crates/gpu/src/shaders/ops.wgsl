@@ -343,40 +343,41 @@ fn attend_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
 }
 
 // a[j * p1 + i] = b[idx_j * p1 + i] for rows j < p0, idx_j the u32 bits of c[p2 + j]: the rows of
-// the tokens routed to each expert.
+// the tokens routed to each expert. A workgroup per block of 128 values of a row (p4 blocks a
+// row).
 @compute @workgroup_size(128)
 fn gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l: u32) {
-    let j = row_of(wg);
-    if (j >= prm.p0) {
+    let at = row_of(wg);
+    let j = at / prm.p4;
+    let i = (at % prm.p4) * WG + l;
+    let n = prm.p1;
+    if (j >= prm.p0 || i >= n) {
         return;
     }
-    let n = prm.p1;
-    let src = bitcast<u32>(c[prm.p2 + j]) * n;
-    for (var i = l; i < n; i += WG) {
-        a[j * n + i] = b[src + i];
-    }
+    a[j * n + i] = b[bitcast<u32>(c[prm.p2 + j]) * n + i];
 }
 
 // a[t * p1 + i] = sum over e in [s_t, s_t+1) of w_e * b[r_e * p1 + i] for rows t < p0, in that
 // order from zero, where s_t = c[p2 + t] and (r_e, w_e) = (c[p3 + 2e] bits, c[p3 + 2e + 1]): each
-// token's experts' outputs, weighted and summed in ascending expert order.
+// token's experts' outputs, weighted and summed in ascending expert order. A workgroup per block
+// of 128 values of a row (p4 blocks a row).
 @compute @workgroup_size(128)
 fn combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l: u32) {
-    let t = row_of(wg);
-    if (t >= prm.p0) {
+    let at = row_of(wg);
+    let t = at / prm.p4;
+    let i = (at % prm.p4) * WG + l;
+    let n = prm.p1;
+    if (t >= prm.p0 || i >= n) {
         return;
     }
-    let n = prm.p1;
     let first = bitcast<u32>(c[prm.p2 + t]);
     let end = bitcast<u32>(c[prm.p2 + t + 1u]);
-    for (var i = l; i < n; i += WG) {
-        var acc = 0.0;
-        for (var e = first; e < end; e++) {
-            let r = bitcast<u32>(c[prm.p3 + 2u * e]);
-            acc = acc + b[r * n + i] * c[prm.p3 + 2u * e + 1u];
-        }
-        a[t * n + i] = acc;
+    var acc = 0.0;
+    for (var e = first; e < end; e++) {
+        let r = bitcast<u32>(c[prm.p3 + 2u * e]);
+        acc = acc + b[r * n + i] * c[prm.p3 + 2u * e + 1u];
     }
+    a[t * n + i] = acc;
 }
 
 // a[r * p1 + i] *= sigmoid(b[r]) for rows r < p0: a gate per row (Qwen2-MoE's shared expert).
