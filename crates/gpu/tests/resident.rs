@@ -62,8 +62,8 @@ fn both(
     let (values, spans) = routes(tokens, k, n, rng);
     let rows = tokens * k;
     let mut out = Vec::new();
-    for p in 0..3 {
-        let (out_dim, in_dim) = (mats[p][0].rows(), mats[p][0].in_dim());
+    for (p, ms) in mats.iter().enumerate() {
+        let (out_dim, in_dim) = (ms[0].rows(), ms[0].in_dim());
         let x = g.upload_tensor(&rng.f32s(rows * in_dim)).unwrap();
         let y = g.tensor(rows * out_dim).unwrap();
         let r = g.upload_tensor(&values).unwrap();
@@ -74,7 +74,7 @@ fn both(
         rec.resident_product(res, &items, p, &x, &y).unwrap();
         let got = rec.finish(&[(&y, 0, rows * out_dim)]).unwrap().remove(0);
         let want_y = g.tensor(rows * out_dim).unwrap();
-        let refs: Vec<&GpuMatrix> = mats[p].iter().collect();
+        let refs: Vec<&GpuMatrix> = ms.iter().collect();
         let mut rec = g.recorder();
         rec.matmul_experts(&refs, &spans, &x, &want_y).unwrap();
         let want = rec.finish(&[(&want_y, 0, rows * out_dim)]).unwrap().remove(0);
