@@ -136,7 +136,7 @@ pub struct GpuMatrix {
 }
 
 /// A packed format's row bytes and scale geometry, as the shaders read them.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct ScaleLayout {
     /// Bytes of packed weights per row.
     pub row_bytes: u32,

@@ -217,16 +217,12 @@ impl Recorder<'_> {
             .gpu()
             .forced_tile
             .unwrap_or(Tile::for_product(most.min(2), out, ind));
-        let same_scales = |m: &GpuMatrix| {
-            let (a, b) = (m.scales, first.scales);
-            (a.row_bytes, a.per_row, a.rows, a.cols) == (b.row_bytes, b.per_row, b.rows, b.cols)
-        };
         let mut groups: Vec<Group<'_>> = Vec::new();
         for (i, m) in ms.iter().enumerate() {
             let (r0, n) = rows[i];
             match m.slab() {
                 _ if n == 0 => {}
-                Some(slab) if same_scales(m) => {
+                Some(slab) if m.scales == first.scales => {
                     let s_off = m.chunks[0].s_off;
                     match groups.iter_mut().find(|g| g.slab == slab && g.s_off == s_off) {
                         Some(g) => g.experts.push(i),

@@ -62,7 +62,7 @@ impl ResidentExperts {
                 let same = m.format == first.format
                     && m.rows == first.rows
                     && m.in_dim == first.in_dim
-                    && same_scales(m.scales, first.scales);
+                    && m.scales == first.scales;
                 let Some(slab) = m.slab().filter(|_| same) else {
                     return Ok(None);
                 };
@@ -112,10 +112,6 @@ impl ResidentExperts {
     pub fn slabs(&self) -> [usize; 3] {
         self.products.each_ref().map(|p| p.slabs.len())
     }
-}
-
-fn same_scales(a: ScaleLayout, b: ScaleLayout) -> bool {
-    (a.row_bytes, a.per_row, a.rows, a.cols) == (b.row_bytes, b.per_row, b.rows, b.cols)
 }
 
 /// The items and dispatch sizes of one step's three products ([`Recorder::resident_items`]).
@@ -176,6 +172,8 @@ impl Recorder<'_> {
             prm[11 + 2 * i] = grids[i].1 as u32;
         }
         prm[9] = head as u32;
+        // The slabs' slots, held until the step's products have run.
+        self.hold_slot_list(&re.slots);
         self.kernel(
             Kernel::ExpertItems,
             [Some(&buf), Some(routing.table()), Some(&re.table), None],
@@ -211,7 +209,6 @@ impl Recorder<'_> {
         need(y, items.rows * m.rows, "experts' outputs")?;
         let tile = items.tiles[p];
         let (grid_x, _) = row_grid(m.rows, tile);
-        self.hold_slot_list(&re.slots);
         for (g, (slab, s_off)) in m.slabs.iter().enumerate() {
             let at = items.first[p] + g;
             let params = MatmulParams {

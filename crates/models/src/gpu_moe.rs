@@ -100,10 +100,7 @@ impl Decoder {
             }
         };
         let rows = routing.rows();
-        let f = match &self.info.experts {
-            Some(layout) => layout.inter_dim,
-            None => return Err(gpu_err("a MoE layer in a model without an expert layout")),
-        };
+        let f = self.inter_dim()?;
         let xe = pass.tensor(rows * d)?;
         pass.rec.gather_routed(h, &routing, d, &xe).map_err(gpu_err)?;
         // The experts as the store delivers them; then each of their three products as one

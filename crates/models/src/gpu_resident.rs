@@ -120,7 +120,7 @@ impl Decoder {
     }
 
     /// The routed experts' inner width.
-    fn inter_dim(&self) -> Result<usize> {
+    pub(crate) fn inter_dim(&self) -> Result<usize> {
         match &self.info.experts {
             Some(layout) => Ok(layout.inter_dim),
             None => Err(gpu_err("a MoE layer in a model without an expert layout")),
