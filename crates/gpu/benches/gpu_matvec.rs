@@ -85,6 +85,8 @@ fn main() {
         ("DeepSeek-V3 q_b_proj", 24576, 1536),
         ("DeepSeek-V3 o_proj", 7168, 16384),
         ("Qwen3 LM head", 151936, 2048),
+        ("Kimi K2 q_a_proj", 1536, 7168),
+        ("Kimi K2 kv_a_proj", 576, 7168),
     ];
     let n_shapes = arg(&args, "--shapes").map_or(shapes.len(), |v| v.parse().expect("--shapes N"));
     let mem = g.read_rate(1 << 30, 5).expect("read rate");
@@ -119,8 +121,14 @@ fn main() {
             }
         }
     }
-    // One small product's round trip: activations written, the product, results read back.
+    // The floor under every product: a 64x64 one, many in one submission.
     let m = matrix(&g, "bf16", 64, 64);
+    let s = g.time_matmul(&m, 1, 500, Tile::ALL[0]).expect("timed product");
+    println!(
+        "a 64x64 product among 500 in one submission: {:.1} us each",
+        s * 1e6
+    );
+    // One small product's round trip: activations written, the product, results read back.
     let xs = vec![0.5f32; 64];
     g.matmul(&m, &xs, 1).expect("product");
     let n = 200;

@@ -7,7 +7,7 @@ use crate::ops_state::Kernel;
 use crate::GpuError;
 
 /// Rows per workgroup of a per-head product (`HM_ROWS` in the shader).
-const HEAD_MATVEC_ROWS: usize = 64;
+const HEAD_MATVEC_ROWS: usize = 16;
 /// Positions per split of a token's attention (`SPLIT` in the shader).
 const ATTEND_SPLIT: usize = 64;
 /// The most bytes of attention splits one dispatch writes, and at most one binding's (a

@@ -77,9 +77,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let y0 = prm.y0;
 "
     });
+    o.push_str("    setup();\n");
     o.push_str("    // Rows and tokens past the ends are computed on the last ones and never written.\n");
     for i in 0..rb {
         let _ = writeln!(o, "    let r_{i} = min(r0 + {i}u, prm.rows - 1u);");
+        let _ = writeln!(o, "    let c_{i} = row_at(r_{i});");
     }
     for t in 0..tb {
         let _ = writeln!(
@@ -153,7 +155,7 @@ fn step(o: &mut String, rb: usize, tb: usize, unroll: usize) {
     for u in 0..unroll {
         let _ = writeln!(o, "        let k_{u} = 8u * (g + {}u);", 64 * u);
         for i in 0..rb {
-            let _ = writeln!(o, "        let w_{i}_{u} = load8(r_{i}, k_{u});");
+            let _ = writeln!(o, "        let w_{i}_{u} = load8(c_{i}, r_{i}, k_{u});");
         }
     }
     for u in 0..unroll {

@@ -403,7 +403,7 @@ fn per_head_products_match_the_cpu() {
     let Some(g) = gpu() else { return };
     let mut rng = Rng(41);
     // An absorbed MLA query: per head 40 outputs from the first 24 of 30 inputs, the other 6
-    // copied after them; a plain per-head product; and rows over three workgroups.
+    // copied after them; a plain per-head product; and rows over ten workgroups.
     for (tokens, heads, rows, cols, xs, extra) in [
         (3, 4, 40, 24, 30, 6),
         (2, 3, 17, 33, 33, 0),

@@ -2,7 +2,13 @@
 //! top-k, top-p and min-p filtering, then a seeded draw. Temperature 0 is greedy (argmax, lowest
 //! id on ties).
 
+use rayon::prelude::*;
+
 use crate::Rng;
+
+/// Candidates whose weights a core computes and sums at a time. Fixed, so a seed's draws do not
+/// depend on the number of cores.
+const BLOCK: usize = 8192;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct SamplingParams {
@@ -141,22 +147,25 @@ impl Sampler {
         }
         let max = cand.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
         let weight = |l: f32| ((l - max) as f64).exp();
-        if p.top_p >= 1.0 && p.min_p <= 0.0 {
-            // No filter needs the order: one draw over the weights in id order, each weight
-            // computed once.
-            weights.clear();
-            weights.extend(cand.iter().map(|c| weight(c.1)));
-            let total: f64 = weights.iter().sum();
-            let mut r = self.rng.next_f64() * total;
-            for (&(id, _), &q) in cand.iter().zip(weights.iter()) {
-                if r < q {
-                    return id;
+        // Each candidate's weight, and the sum of each block of them, on every core: a
+        // vocabulary's exponentials are most of a token's sampling time.
+        weights.clear();
+        weights.resize(cand.len(), 0.0);
+        let totals: Vec<f64> = weights
+            .par_chunks_mut(BLOCK)
+            .zip(cand.par_chunks(BLOCK))
+            .map(|(w, c)| {
+                for (w, c) in w.iter_mut().zip(c) {
+                    *w = weight(c.1);
                 }
-                r -= q;
-            }
-            return cand[cand.len() - 1].0;
+                w.iter().sum::<f64>()
+            })
+            .collect();
+        let total: f64 = totals.iter().sum();
+        if p.top_p >= 1.0 && p.min_p <= 0.0 {
+            // No filter needs the order: one draw over the weights in id order, block by block.
+            return draw(self.rng.next_f64() * total, cand, weights, &totals);
         }
-        let total: f64 = cand.iter().map(|c| weight(c.1)).sum();
         let (top_p, floor) = (p.top_p as f64 * total, p.min_p as f64);
         // The ranked prefix, grown until it holds top_p of the mass and reaches below the
         // min_p floor (or holds everything).
@@ -200,6 +209,27 @@ impl Sampler {
         }
         cand[keep - 1].0
     }
+}
+
+/// The candidate at `r` (in [0, total)) of the weights laid end to end in id order: the block
+/// whose running sum passes `r`, then the candidate within it (its last when rounding runs past).
+fn draw(mut r: f64, cand: &[(u32, f32)], weights: &[f64], totals: &[f64]) -> u32 {
+    for (b, &t) in totals.iter().enumerate() {
+        if r >= t && b + 1 < totals.len() {
+            r -= t;
+            continue;
+        }
+        let at = b * BLOCK;
+        let end = (at + BLOCK).min(cand.len());
+        for (&(id, _), &q) in cand[at..end].iter().zip(&weights[at..end]) {
+            if r < q {
+                return id;
+            }
+            r -= q;
+        }
+        return cand[end - 1].0;
+    }
+    cand[cand.len() - 1].0
 }
 
 /// Candidate order: highest logit first, ties broken by the lower id (a total order, so any
@@ -367,6 +397,42 @@ mod tests {
                 twin.sample(&large, &[], &[]),
                 "top_p {top_p}: the same seed position, the same draw"
             );
+        }
+    }
+
+    #[test]
+    fn a_draw_by_blocks_is_the_draw_over_all_weights() {
+        // Whole-number weights, so every sum is exact and the two scans must agree everywhere,
+        // block edges and the last candidate included.
+        let n = 3 * BLOCK + 5;
+        let cand: Vec<(u32, f32)> = (0..n as u32).map(|i| (i, 0.0)).collect();
+        let weights: Vec<f64> = (0..n).map(|i| ((i * 7919) % 5) as f64).collect();
+        let totals: Vec<f64> = weights.chunks(BLOCK).map(|c| c.iter().sum()).collect();
+        let total: f64 = weights.iter().sum();
+        let sequential = |mut r: f64| {
+            for (i, &q) in weights.iter().enumerate() {
+                if r < q {
+                    return i as u32;
+                }
+                r -= q;
+            }
+            n as u32 - 1
+        };
+        for r in (0..4000)
+            .map(|i| i as f64 * total / 4000.0)
+            .chain([0.0, total - 0.5, total, total + 3.0])
+        {
+            assert_eq!(draw(r, &cand, &weights, &totals), sequential(r), "r = {r}");
+        }
+        for b in 1..totals.len() {
+            let edge: f64 = totals[..b].iter().sum();
+            for r in [edge - 0.5, edge, edge + 0.5] {
+                assert_eq!(
+                    draw(r, &cand, &weights, &totals),
+                    sequential(r),
+                    "block edge r = {r}"
+                );
+            }
         }
     }
 }

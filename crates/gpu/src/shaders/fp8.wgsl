@@ -14,16 +14,17 @@ fn e4m3(b: u32) -> f32 {
 }
 
 fn elem(r: u32, j: u32) -> f32 {
-    return e4m3(wbyte(r * prm.row_bytes + j)) * scale_f32(r, j);
+    let rc = row_at(r);
+    return e4m3(wbyte(rc.x + j)) * scale_f32(rc, j);
 }
 
-fn load8(r: u32, k: u32) -> array<f32, 8> {
-    let i = r * prm.row_bytes + k;
+fn load8(rc: vec2<u32>, r: u32, k: u32) -> array<f32, 8> {
+    let i = rc.x + k;
     // Fast: the eight in two aligned words and under one scale.
     if ((i & 3u) != 0u || (prm.s_cols & 7u) != 0u) {
         return load8_each(r, k);
     }
-    let s = scale_f32(r, k);
+    let s = scale_f32(rc, k);
     let a = wword(i);
     let b = wword(i + 4u);
     return array<f32, 8>(

@@ -1,5 +1,6 @@
-// y[t][row0 + r] = sum_k w[r][k] * x[t][k]: one weight format's rows (the functions `elem(r, j)`
-// and `load8(r, k)` below, filled in per format by the crate) against f32 activations.
+// y[t][row0 + r] = sum_k w[r][k] * x[t][k]: one weight format's rows (the functions `elem(r, j)`,
+// `row_at(r)` and `load8(row_at(r), r, k)` below, filled in per format by the crate) against f32
+// activations.
 //
 // Order of the sums, fixed whatever the number of tokens (batch invariance): one workgroup of 64
 // invocations per block of RB rows and TB tokens; for each output, invocation l takes the groups

@@ -176,7 +176,7 @@ fn norm_rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
 // its first p2 copied after the p1 outputs. An absorbed MLA head's query (W_uk^T q_nope, then
 // q_rope) and its value projection (W_uv o_latent). Workgroup x: head, y: token, z: a block of
 // HM_ROWS rows. Each output is eight interleaved partial sums added in order.
-const HM_ROWS: u32 = 64u;
+const HM_ROWS: u32 = 16u;
 
 @compute @workgroup_size(128)
 fn head_matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l: u32) {

@@ -16,14 +16,37 @@ fn wbyte(i: u32) -> u32 {
     return (wword(i) >> ((i & 3u) * 8u)) & 0xffu;
 }
 
-// Index of the scale of input j in row r.
-fn sidx(r: u32, j: u32) -> u32 {
-    return (r / prm.s_rows) * prm.s_per_row + j / prm.s_cols;
+// Whether a scale covers a power of two of inputs, and which (`setup` sets them once): the scale
+// of an input is then a shift away, not a division, in the loop over a row's groups.
+var<private> s_pow2: bool;
+var<private> s_shift: u32;
+
+fn setup() {
+    s_pow2 = (prm.s_cols & (prm.s_cols - 1u)) == 0u;
+    s_shift = countTrailingZeros(prm.s_cols);
 }
 
-// An f32 scale (INT8, FP8).
-fn scale_f32(r: u32, j: u32) -> f32 {
-    return bitcast<f32>(wword(prm.s_off + 4u * sidx(r, j)));
+// Row r's first byte and the index of its row of scales' first scale, computed once per row.
+fn row_at(r: u32) -> vec2<u32> {
+    return vec2<u32>(r * prm.row_bytes, (r / prm.s_rows) * prm.s_per_row);
+}
+
+// The scale of input j within its row of scales.
+fn scol(j: u32) -> u32 {
+    if (s_pow2) {
+        return j >> s_shift;
+    }
+    return j / prm.s_cols;
+}
+
+// Index of the scale of input j in row r.
+fn sidx(r: u32, j: u32) -> u32 {
+    return (r / prm.s_rows) * prm.s_per_row + scol(j);
+}
+
+// An f32 scale (INT8, FP8): the one of input j of the row at `rc`.
+fn scale_f32(rc: vec2<u32>, j: u32) -> f32 {
+    return bitcast<f32>(wword(prm.s_off + 4u * (rc.y + scol(j))));
 }
 
 // Byte n (0-3) of `word` as a signed value.
