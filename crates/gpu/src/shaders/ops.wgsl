@@ -68,8 +68,21 @@ fn rms_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
     let n = prm.p1;
     let x0 = prm.p3 + r * n;
     let y0 = prm.p4 + r * n;
+    // Four loads ahead of their adds (a row's loads are otherwise one memory latency each);
+    // the adds in the same order.
     var ss = 0.0;
-    for (var i = l; i < n; i += WG) {
+    var i = l;
+    for (; i + 3u * WG < n; i += 4u * WG) {
+        let v0 = b[x0 + i];
+        let v1 = b[x0 + i + WG];
+        let v2 = b[x0 + i + 2u * WG];
+        let v3 = b[x0 + i + 3u * WG];
+        ss = fma(v0, v0, ss);
+        ss = fma(v1, v1, ss);
+        ss = fma(v2, v2, ss);
+        ss = fma(v3, v3, ss);
+    }
+    for (; i < n; i += WG) {
         let v = b[x0 + i];
         ss = fma(v, v, ss);
     }
@@ -197,7 +210,18 @@ fn head_matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
         var s = 0.0;
         if (r < end) {
             let m0 = (wg.x * prm.p1 + r) * n;
-            for (var j = l % 8u; j < n; j += 8u) {
+            var j = l % 8u;
+            for (; j + 24u < n; j += 32u) {
+                let m_0 = d[m0 + j];
+                let m_1 = d[m0 + j + 8u];
+                let m_2 = d[m0 + j + 16u];
+                let m_3 = d[m0 + j + 24u];
+                s = fma(m_0, head[j], s);
+                s = fma(m_1, head[j + 8u], s);
+                s = fma(m_2, head[j + 16u], s);
+                s = fma(m_3, head[j + 24u], s);
+            }
+            for (; j < n; j += 8u) {
                 s = fma(d[m0 + j], head[j], s);
             }
         }
@@ -269,7 +293,18 @@ fn attend_part(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
         var s = 0.0;
         if (j < n) {
             let k0 = (p0 + j) * width + col;
-            for (var i = l % 8u; i < dh; i += 8u) {
+            var i = l % 8u;
+            for (; i + 24u < dh; i += 32u) {
+                let k_0 = c[k0 + i];
+                let k_1 = c[k0 + i + 8u];
+                let k_2 = c[k0 + i + 16u];
+                let k_3 = c[k0 + i + 24u];
+                s = fma(head[i], k_0, s);
+                s = fma(head[i + 8u], k_1, s);
+                s = fma(head[i + 16u], k_2, s);
+                s = fma(head[i + 24u], k_3, s);
+            }
+            for (; i < dh; i += 8u) {
                 s = fma(head[i], c[k0 + i], s);
             }
         }
@@ -301,9 +336,21 @@ fn attend_part(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
         a[out + 1u] = sum;
     }
     for (var i = l; i < dv; i += WG) {
+        let v0 = p0 * width + vcol + i;
         var v = 0.0;
-        for (var j = 0u; j < n; j++) {
-            v = fma(scores[j], d[(p0 + j) * width + vcol + i], v);
+        var j = 0u;
+        for (; j + 3u < n; j += 4u) {
+            let d_0 = d[v0 + j * width];
+            let d_1 = d[v0 + (j + 1u) * width];
+            let d_2 = d[v0 + (j + 2u) * width];
+            let d_3 = d[v0 + (j + 3u) * width];
+            v = fma(scores[j], d_0, v);
+            v = fma(scores[j + 1u], d_1, v);
+            v = fma(scores[j + 2u], d_2, v);
+            v = fma(scores[j + 3u], d_3, v);
+        }
+        for (; j < n; j++) {
+            v = fma(scores[j], d[v0 + j * width], v);
         }
         a[out + 2u + i] = v;
     }
