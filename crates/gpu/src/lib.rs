@@ -21,6 +21,7 @@ mod product;
 mod read;
 mod shader;
 mod slab;
+mod staging;
 mod timing;
 
 use std::fmt;
@@ -32,6 +33,7 @@ pub use ops::{AttendShape, Glu, GpuTensor, Recorder, Rotation, MAX_HEAD};
 pub use ops_moe::Routing;
 pub use ops_resident::{ResidentExperts, ResidentItems, MAX_RESIDENT_SLABS, MAX_ROUTED_ROWS};
 pub use ops_route::{RouteRule, MAX_PICKS, MAX_ROUTED_EXPERTS};
+pub use read::UploadRates;
 
 /// What `--device` asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -222,6 +224,8 @@ pub struct Gpu {
     timestamps: bool,
     /// Kept routed experts' weights, in shared buffers of equal slots.
     slabs: slab::Slabs,
+    /// Reused host memory that weights are copied through (`staging.rs`).
+    staging: staging::Staging,
 }
 
 impl Gpu {
@@ -300,6 +304,7 @@ impl Gpu {
             fail_from: u64::MAX.into(),
             timestamps,
             slabs: Default::default(),
+            staging: Default::default(),
         })
     }
 

@@ -317,6 +317,25 @@ impl Gpu {
             reason: e,
         };
         let (buffer, base, slot, recorded) = match target {
+            Target::Own if size <= crate::staging::STAGING_BYTES => {
+                // Through reused staging memory (`staging.rs`): a buffer mapped at creation
+                // would take fresh host memory for each copy.
+                let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("weights"),
+                    size,
+                    usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                });
+                if !self.staged_write(&buffer, 0, size, parts)? {
+                    let at = wgpu::BufferSize::new(size).expect("at least 16 bytes");
+                    let mut view = self
+                        .queue
+                        .write_buffer_with(&buffer, 0, at)
+                        .ok_or_else(|| fail("the queue refused the copy".into()))?;
+                    write_parts(parts, |at, p| view.slice(at..at + p.len()).copy_from_slice(p));
+                }
+                (buffer, 0, None, Default::default())
+            }
             Target::Own => {
                 let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
                     label: Some("weights"),
@@ -339,13 +358,14 @@ impl Gpu {
                     return Ok(None);
                 };
                 let buffer = slot.slab.buffer.clone();
-                let at = wgpu::BufferSize::new(size).expect("at least 16 bytes");
-                let mut view = self
-                    .queue
-                    .write_buffer_with(&buffer, slot.base(), at)
-                    .ok_or_else(|| fail("the queue refused the copy".into()))?;
-                write_parts(parts, |at, p| view.slice(at..at + p.len()).copy_from_slice(p));
-                drop(view);
+                if !self.staged_write(&buffer, slot.base(), size, parts)? {
+                    let at = wgpu::BufferSize::new(size).expect("at least 16 bytes");
+                    let mut view = self
+                        .queue
+                        .write_buffer_with(&buffer, slot.base(), at)
+                        .ok_or_else(|| fail("the queue refused the copy".into()))?;
+                    write_parts(parts, |at, p| view.slice(at..at + p.len()).copy_from_slice(p));
+                }
                 let recorded = slot.slab.recorded.clone();
                 (buffer, slot.base(), Some(std::sync::Arc::new(slot)), recorded)
             }

@@ -5,6 +5,7 @@
 use wgpu::util::DeviceExt;
 
 use crate::matrix::entry;
+use crate::staging::STAGING_BYTES;
 use crate::{Gpu, GpuError};
 
 const WORKGROUP: usize = 256;
@@ -75,11 +76,9 @@ impl Gpu {
     }
 
     /// Copy rates of `bytes` over the host link (best of `reps` after a warm-up), bytes per
-    /// second: (the link's own, GPU memory copied into mappable host memory, which drivers keep
-    /// on the host for reading back; host to GPU through the queue, as weights are written: a
-    /// copy into memory the GPU reads, then the GPU's copy). A copy from mappable memory the
-    /// other way is no measure of the link: a driver may place such memory in the GPU's own.
-    pub fn upload_rates(&self, bytes: u64, reps: usize) -> Result<(f64, f64), GpuError> {
+    /// second. A copy from mappable memory into host memory is no measure of the link's way in:
+    /// a driver may place such memory in the GPU's own.
+    pub fn upload_rates(&self, bytes: u64, reps: usize) -> Result<UploadRates, GpuError> {
         let bytes = bytes.max(16) / 16 * 16;
         let dst = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("upload target"),
@@ -94,24 +93,72 @@ impl Gpu {
             mapped_at_creation: false,
         });
         let host: Vec<u8> = (0..bytes).map(|i| (i % 251) as u8).collect();
-        let (mut link, mut queued) = (0f64, 0f64);
-        for rep in 0..=reps.max(1) {
+        let source = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("host source"),
+            size: bytes,
+            usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: true,
+        });
+        source
+            .slice(..)
+            .get_mapped_range_mut()
+            .map_err(|e| GpuError::Run {
+                what: "filling a host source buffer".into(),
+                reason: e.to_string(),
+            })?
+            .copy_from_slice(&host);
+        source.unmap();
+        let mut best = UploadRates::default();
+        let timed = |f: &mut dyn FnMut() -> Result<(), GpuError>| -> Result<f64, GpuError> {
+            let t = std::time::Instant::now();
+            f()?;
+            Ok(bytes as f64 / t.elapsed().as_secs_f64())
+        };
+        let copy = |from: &wgpu::Buffer, to: &wgpu::Buffer, what: &str| {
             let mut enc = self.device.create_command_encoder(&Default::default());
-            enc.copy_buffer_to_buffer(&dst, 0, &readable, 0, bytes);
-            let t = std::time::Instant::now();
+            enc.copy_buffer_to_buffer(from, 0, to, 0, bytes);
             self.queue.submit([enc.finish()]);
-            self.wait("GPU-to-host copy")?;
-            let link_s = t.elapsed().as_secs_f64();
-            let t = std::time::Instant::now();
-            self.queue.write_buffer(&dst, 0, &host);
-            self.queue.submit([]);
-            self.wait("host-to-GPU copy")?;
-            let queued_s = t.elapsed().as_secs_f64();
+            self.wait(what)
+        };
+        for rep in 0..=reps.max(1) {
+            let to_host = timed(&mut || copy(&dst, &readable, "GPU-to-host copy"))?;
+            let to_gpu = timed(&mut || copy(&source, &dst, "host-to-GPU copy"))?;
+            let queued = timed(&mut || {
+                self.queue.write_buffer(&dst, 0, &host);
+                self.queue.submit([]);
+                self.wait("host-to-GPU write through the queue")
+            })?;
+            let staged = timed(&mut || {
+                for (i, piece) in host.chunks(STAGING_BYTES as usize).enumerate() {
+                    let at = i as u64 * STAGING_BYTES;
+                    if !self.staged_write(&dst, at, piece.len() as u64, &[piece])? {
+                        self.queue.write_buffer(&dst, at, piece);
+                    }
+                }
+                self.queue.submit([]);
+                self.wait("host-to-GPU write through staging")
+            })?;
             if rep > 0 {
-                link = link.max(bytes as f64 / link_s);
-                queued = queued.max(bytes as f64 / queued_s);
+                best.to_host = best.to_host.max(to_host);
+                best.to_gpu = best.to_gpu.max(to_gpu);
+                best.queued = best.queued.max(queued);
+                best.staged = best.staged.max(staged);
             }
         }
-        Ok((link, queued))
+        Ok(best)
     }
+}
+
+/// The host link's copy rates (bytes per second): [`Gpu::upload_rates`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct UploadRates {
+    /// GPU memory copied into mappable host memory, which drivers keep on the host for
+    /// reading back.
+    pub to_host: f64,
+    /// Mappable host memory already written copied into GPU memory: the link's way in.
+    pub to_gpu: f64,
+    /// Host bytes written through the queue (fresh mappable memory, then the GPU's copy).
+    pub queued: f64,
+    /// Host bytes written as weights are: into reused staging memory, then the GPU's copy.
+    pub staged: f64,
 }

@@ -12,18 +12,6 @@ mod weights;
 use common::{gpu, Rng};
 use weights::{Weights, KINDS};
 
-/// Two f32 sums of the same n products in different orders each lie within (n - 1) u sum|p| of
-/// the exact sum (u = 2^-24); a packed format's scale applied per weight (the GPU) or per group
-/// (the CPU) rounds each product once more: they differ by at most 2 (n + 1) u sum|p|.
-fn within_reorder_bound(gpu: f32, cpu: f32, w: &Weights, r: usize, x: &[f32]) -> bool {
-    let n = x.len();
-    let abs: f64 = (0..n)
-        .map(|i| (w.value(r * n + i) as f64 * x[i] as f64).abs())
-        .sum();
-    let bound = 2.0 * (n + 1) as f64 * (1.0 / (1u64 << 24) as f64) * abs;
-    ((gpu as f64) - (cpu as f64)).abs() <= bound + f64::from(f32::MIN_POSITIVE)
-}
-
 #[test]
 fn products_equal_the_cpu_reference_within_reordering() {
     let Some(g) = gpu() else { return };
@@ -43,7 +31,7 @@ fn products_equal_the_cpu_reference_within_reordering() {
                 let cpu = w.reference(r, x);
                 let got = ys[t * rows + r];
                 assert!(
-                    within_reorder_bound(got, cpu, &w, r, x),
+                    w.within_reorder_bound(got, cpu, r, x),
                     "case {case} {}: {rows}x{in_dim}, token {t} of {tokens}, row {r}: GPU {got} CPU {cpu}",
                     w.name()
                 );

@@ -35,12 +35,13 @@ pub(super) fn warm_gpu(
 }
 
 /// What the GPU did over the run, and its memory's read rate and the host link's copy rates
-/// measured now (`host_copy_gbps`: GPU to host memory, the link's; `host_write_gbps`: host to
-/// GPU as weights are written); `uses`: the routed experts' weight uses on it before the timed tokens
+/// measured now (`host_to_gpu_gbps`: host memory already written copied into GPU memory, the
+/// link's way in; `host_copy_gbps`: GPU to host memory; `host_staged_gbps`: host to GPU as
+/// weights are written, through reused staging memory; `host_write_gbps`: through the queue); `uses`: the routed experts' weight uses on it before the timed tokens
 /// ([`strata_kernels::offload::expert_uses`]).
 pub(super) fn gpu_figures(g: &strata_gpu::Offload, uses: (u64, u64)) -> serde_json::Value {
     let read = g.gpu().read_rate(1 << 30, 3).unwrap_or(0.0);
-    let (link, queued) = g.gpu().upload_rates(256 << 20, 3).unwrap_or((0.0, 0.0));
+    let rates = g.gpu().upload_rates(256 << 20, 3).unwrap_or_default();
     let (hits, copies) = strata_kernels::offload::expert_uses();
     serde_json::json!({
         "adapter": g.gpu().adapter().to_string(),
@@ -52,8 +53,10 @@ pub(super) fn gpu_figures(g: &strata_gpu::Offload, uses: (u64, u64)) -> serde_js
         "expert_hits": hits - uses.0,
         "expert_copies": copies - uses.1,
         "memory_read_gbps": read / 1e9,
-        "host_copy_gbps": link / 1e9,
-        "host_write_gbps": queued / 1e9,
+        "host_to_gpu_gbps": rates.to_gpu / 1e9,
+        "host_copy_gbps": rates.to_host / 1e9,
+        "host_staged_gbps": rates.staged / 1e9,
+        "host_write_gbps": rates.queued / 1e9,
     })
 }
 

@@ -113,6 +113,18 @@ impl Weights {
         g.upload_weights(&self.data, self.in_dim)
             .expect("the GPU has kernels for every format the tests draw")
     }
+    /// Whether a GPU product's row r equals the CPU's within reordering: two f32 sums of the
+    /// same n products in different orders each lie within (n - 1) u sum|p| of the exact sum
+    /// (u = 2^-24); a packed format's scale applied per weight (the GPU) or per group (the CPU)
+    /// rounds each product once more: they differ by at most 2 (n + 1) u sum|p|.
+    pub fn within_reorder_bound(&self, gpu: f32, cpu: f32, r: usize, x: &[f32]) -> bool {
+        let n = x.len();
+        let abs: f64 = (0..n)
+            .map(|i| (self.value(r * n + i) as f64 * x[i] as f64).abs())
+            .sum();
+        let bound = 2.0 * (n + 1) as f64 * (1.0 / (1u64 << 24) as f64) * abs;
+        ((gpu as f64) - (cpu as f64)).abs() <= bound + f64::from(f32::MIN_POSITIVE)
+    }
     pub fn value(&self, i: usize) -> f32 {
         self.decoded[i]
     }
