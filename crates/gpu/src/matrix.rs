@@ -300,8 +300,8 @@ impl Gpu {
     }
 
     /// A chunk of `rows` rows from `row0` whose buffer holds `parts` one after the other, each
-    /// from a 16-byte word (written once, straight into the buffer's mapping, or into a slab
-    /// slot through the queue). None: `target` had no room for it.
+    /// from a 16-byte word (copied in through staging memory, into a buffer of its own or a
+    /// slab slot). None: `target` had no room for it.
     pub(crate) fn chunk(
         &self,
         (row0, rows): (usize, usize),
@@ -312,12 +312,8 @@ impl Gpu {
     ) -> Result<Option<Chunk>, GpuError> {
         let size: usize = parts.iter().map(|p| p.len().next_multiple_of(16)).sum();
         let size = size.max(16) as u64;
-        let fail = |e: String| GpuError::Run {
-            what: "writing weights".into(),
-            reason: e,
-        };
         let (buffer, base, slot, recorded) = match target {
-            Target::Own if size <= crate::staging::STAGING_BYTES => {
+            Target::Own => {
                 // Through reused staging memory (`staging.rs`): a buffer mapped at creation
                 // would take fresh host memory for each copy.
                 let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
@@ -326,31 +322,7 @@ impl Gpu {
                     usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
                     mapped_at_creation: false,
                 });
-                if !self.staged_write(&buffer, 0, size, parts)? {
-                    let at = wgpu::BufferSize::new(size).expect("at least 16 bytes");
-                    let mut view = self
-                        .queue
-                        .write_buffer_with(&buffer, 0, at)
-                        .ok_or_else(|| fail("the queue refused the copy".into()))?;
-                    write_parts(parts, |at, p| view.slice(at..at + p.len()).copy_from_slice(p));
-                }
-                (buffer, 0, None, Default::default())
-            }
-            Target::Own => {
-                let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("weights"),
-                    size,
-                    usage: wgpu::BufferUsages::STORAGE,
-                    mapped_at_creation: true,
-                });
-                {
-                    let mut view = buffer
-                        .slice(..)
-                        .get_mapped_range_mut()
-                        .map_err(|e| fail(e.to_string()))?;
-                    write_parts(parts, |at, p| view.slice(at..at + p.len()).copy_from_slice(p));
-                }
-                buffer.unmap();
+                self.staged_write(&buffer, 0, size, parts)?;
                 (buffer, 0, None, Default::default())
             }
             Target::Slot(reserve) => {
@@ -358,14 +330,7 @@ impl Gpu {
                     return Ok(None);
                 };
                 let buffer = slot.slab.buffer.clone();
-                if !self.staged_write(&buffer, slot.base(), size, parts)? {
-                    let at = wgpu::BufferSize::new(size).expect("at least 16 bytes");
-                    let mut view = self
-                        .queue
-                        .write_buffer_with(&buffer, slot.base(), at)
-                        .ok_or_else(|| fail("the queue refused the copy".into()))?;
-                    write_parts(parts, |at, p| view.slice(at..at + p.len()).copy_from_slice(p));
-                }
+                self.staged_write(&buffer, slot.base(), size, parts)?;
                 let recorded = slot.slab.recorded.clone();
                 (buffer, slot.base(), Some(std::sync::Arc::new(slot)), recorded)
             }
@@ -452,14 +417,6 @@ impl Gpu {
 }
 
 /// Writes `parts` one after the other, each from a 16-byte word.
-fn write_parts(parts: &[&[u8]], mut write: impl FnMut(usize, &[u8])) {
-    let mut at = 0;
-    for p in parts {
-        write(at, p);
-        at += p.len().next_multiple_of(16);
-    }
-}
-
 pub(crate) fn entry(binding: u32, buffer: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
     wgpu::BindGroupEntry {
         binding,

@@ -5,7 +5,6 @@
 use wgpu::util::DeviceExt;
 
 use crate::matrix::entry;
-use crate::staging::STAGING_BYTES;
 use crate::{Gpu, GpuError};
 
 const WORKGROUP: usize = 256;
@@ -129,13 +128,7 @@ impl Gpu {
                 self.wait("host-to-GPU write through the queue")
             })?;
             let staged = timed(&mut || {
-                for (i, piece) in host.chunks(STAGING_BYTES as usize).enumerate() {
-                    let at = i as u64 * STAGING_BYTES;
-                    if !self.staged_write(&dst, at, piece.len() as u64, &[piece])? {
-                        self.queue.write_buffer(&dst, at, piece);
-                    }
-                }
-                self.queue.submit([]);
+                self.staged_write(&dst, 0, bytes, &[&host])?;
                 self.wait("host-to-GPU write through staging")
             })?;
             if rep > 0 {

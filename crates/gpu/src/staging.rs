@@ -6,7 +6,7 @@
 //! buffer is mapped again for a later copy once that copy ran.
 //!
 //! The copy is submitted at once, so like a queue write it lands before any work submitted
-//! after the call. Writes larger than a staging buffer go through the queue.
+//! after the call. A write larger than a staging buffer goes a staging buffer's bytes at a time.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
@@ -88,43 +88,62 @@ impl Staging {
 }
 
 impl Gpu {
-    /// Writes `parts` into `dst` from byte `at` through a staging buffer, each part from a
-    /// 16-byte word after the one before (the gaps zeroed, as in fresh memory), `size` bytes in
-    /// all. Ok(false): `size` exceeds a staging buffer (nothing written).
+    /// Writes `parts` into `dst` from byte `at` through staging buffers, a staging buffer's
+    /// bytes at a time: each part from a 16-byte word after the one before, the gaps and the
+    /// rest of the `size` bytes zeroed, as in fresh memory.
     pub(crate) fn staged_write(
         &self,
         dst: &wgpu::Buffer,
         at: u64,
         size: u64,
         parts: &[&[u8]],
-    ) -> Result<bool, GpuError> {
-        let laid: usize = parts.iter().map(|p| p.len().next_multiple_of(16)).sum();
-        if size == 0 || size > STAGING_BYTES || !size.is_multiple_of(4) || laid as u64 > size {
-            return Ok(false);
+    ) -> Result<(), GpuError> {
+        // Each part's first byte.
+        let mut starts = Vec::with_capacity(parts.len());
+        let mut laid = 0u64;
+        for p in parts {
+            starts.push(laid);
+            laid += (p.len() as u64).next_multiple_of(16);
         }
-        let buffer = self.staging.take(self)?;
-        {
-            let mut view = buffer
-                .slice(..size)
-                .get_mapped_range_mut()
-                .map_err(|e| GpuError::Run {
-                    what: "writing weights into a staging buffer".into(),
-                    reason: e.to_string(),
-                })?;
-            let mut from = 0;
-            for p in parts {
-                let end = from + p.len();
-                view.slice(from..end).copy_from_slice(p);
-                from = end.next_multiple_of(16);
-                view.slice(end..from).fill(0);
+        if laid > size || !size.is_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT) {
+            return Err(GpuError::Shape(format!(
+                "{laid} bytes of weights laid out in a copy of {size}"
+            )));
+        }
+        let mut piece = 0u64;
+        while piece < size {
+            let n = STAGING_BYTES.min(size - piece);
+            let buffer = self.staging.take(self)?;
+            {
+                let mut view = buffer
+                    .slice(..n)
+                    .get_mapped_range_mut()
+                    .map_err(|e| GpuError::Run {
+                        what: "writing weights into a staging buffer".into(),
+                        reason: e.to_string(),
+                    })?;
+                // Bytes [piece, piece + n) of the laid-out parts, through a cursor.
+                let mut cursor = 0usize;
+                for (p, &start) in parts.iter().zip(&starts) {
+                    let (from, to) = (start.max(piece), (start + p.len() as u64).min(piece + n));
+                    if from >= to {
+                        continue;
+                    }
+                    let (v0, v1) = ((from - piece) as usize, (to - piece) as usize);
+                    view.slice(cursor..v0).fill(0);
+                    view.slice(v0..v1)
+                        .copy_from_slice(&p[(from - start) as usize..(to - start) as usize]);
+                    cursor = v1;
+                }
+                view.slice(cursor..).fill(0);
             }
-            view.slice(from..).fill(0);
+            buffer.unmap();
+            let mut enc = self.device.create_command_encoder(&Default::default());
+            enc.copy_buffer_to_buffer(&buffer, 0, dst, at + piece, n);
+            self.queue.submit([enc.finish()]);
+            self.staging.give_back(buffer);
+            piece += n;
         }
-        buffer.unmap();
-        let mut enc = self.device.create_command_encoder(&Default::default());
-        enc.copy_buffer_to_buffer(&buffer, 0, dst, at, size);
-        self.queue.submit([enc.finish()]);
-        self.staging.give_back(buffer);
-        Ok(true)
+        Ok(())
     }
 }

@@ -16,8 +16,7 @@ fn uploads_back_to_back_keep_their_own_weights() {
     let Some(g) = gpu() else { return };
     let mut rng = Rng(0x57a9_1e55_0000_0007);
     // Three times as many uploads as there are staging buffers, of every format, alternating
-    // between own buffers and slab slots; then one larger than a staging buffer (40 MiB of
-    // BF16), which goes through the queue.
+    // between own buffers and slab slots.
     let mut all: Vec<(Weights, GpuMatrix)> = Vec::new();
     for i in 0..3 * KINDS {
         let rows = 1 + rng.below(300);
@@ -30,9 +29,13 @@ fn uploads_back_to_back_keep_their_own_weights() {
         };
         all.push((w, m));
     }
-    let big = Weights::random(0, 2560, 8192, &mut rng);
-    let m = big.upload(&g).unwrap();
-    all.push((big, m));
+    // Larger than a staging buffer, so copied a staging buffer's bytes at a time: BF16 (40 MiB)
+    // and INT4 (36 MiB, its scales past the first piece).
+    for (kind, rows, in_dim) in [(0, 2560, 8192), (5, 4096, 16384)] {
+        let big = Weights::random_variant(kind, rows, in_dim, Some(0), &mut rng);
+        let m = big.upload(&g).unwrap();
+        all.push((big, m));
+    }
     for (i, (w, m)) in all.iter().enumerate() {
         let x = rng.f32s(w.in_dim);
         let y = g.matmul(m, &x, 1).unwrap();
