@@ -14,9 +14,9 @@ use std::sync::{Arc, Mutex};
 use crate::{Gpu, GpuError};
 
 /// Bytes of one staging buffer.
-pub(crate) const STAGING_BYTES: u64 = 32 << 20;
+pub(crate) const STAGING_BYTES: u64 = 16 << 20;
 /// Staging buffers one GPU keeps at most (in use by copies in flight, or free).
-const STAGING_MOST: usize = 4;
+const STAGING_MOST: usize = 8;
 
 /// A pending buffer's mapping: under way, done, or failed (the buffer is then dropped).
 const MAPPING: u8 = 0;

@@ -15,7 +15,7 @@ use weights::{Weights, KINDS};
 fn uploads_back_to_back_keep_their_own_weights() {
     let Some(g) = gpu() else { return };
     let mut rng = Rng(0x57a9_1e55_0000_0007);
-    // Three times as many uploads as there are staging buffers, of every format, alternating
+    // Over twice as many uploads as there are staging buffers, of every format, alternating
     // between own buffers and slab slots.
     let mut all: Vec<(Weights, GpuMatrix)> = Vec::new();
     for i in 0..3 * KINDS {
