@@ -127,6 +127,32 @@ impl Sampler {
         if p.temperature <= 0.0 {
             return argmax(logits);
         }
+        let t = p.temperature;
+        if (p.top_k == 0 || p.top_k >= logits.len()) && p.top_p >= 1.0 && p.min_p <= 0.0 {
+            // No filter: one draw over the logits themselves in id order, each weight computed
+            // once and each block of them summed on every core (a vocabulary's exponentials are
+            // most of a token's sampling time); non-finite logits weigh nothing.
+            if !logits.iter().any(|l| l.is_finite()) {
+                return argmax(logits);
+            }
+            let max = logits
+                .par_chunks(BLOCK)
+                .map(|c| {
+                    c.iter()
+                        .filter(|l| l.is_finite())
+                        .map(|&l| l / t)
+                        .fold(f32::NEG_INFINITY, f32::max)
+                })
+                .reduce(|| f32::NEG_INFINITY, f32::max);
+            weights.clear();
+            weights.resize(logits.len(), 0.0);
+            let totals = weigh(weights, logits, |l| match l.is_finite() {
+                true => ((l / t - max) as f64).exp(),
+                false => 0.0,
+            });
+            let total: f64 = totals.iter().sum();
+            return draw(self.rng.next_f64() * total, weights, &totals, |i| i as u32);
+        }
         // Candidates in id order; only as many as the filters need are ever put in order
         // (highest logit first, ties: lower id first): a vocabulary of 150k sorted at every
         // token cost more than the model's last layers.
@@ -147,24 +173,13 @@ impl Sampler {
         }
         let max = cand.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
         let weight = |l: f32| ((l - max) as f64).exp();
-        // Each candidate's weight, and the sum of each block of them, on every core: a
-        // vocabulary's exponentials are most of a token's sampling time.
         weights.clear();
         weights.resize(cand.len(), 0.0);
-        let totals: Vec<f64> = weights
-            .par_chunks_mut(BLOCK)
-            .zip(cand.par_chunks(BLOCK))
-            .map(|(w, c)| {
-                for (w, c) in w.iter_mut().zip(c) {
-                    *w = weight(c.1);
-                }
-                w.iter().sum::<f64>()
-            })
-            .collect();
+        let totals = weigh(weights, cand, |c| weight(c.1));
         let total: f64 = totals.iter().sum();
         if p.top_p >= 1.0 && p.min_p <= 0.0 {
-            // No filter needs the order: one draw over the weights in id order, block by block.
-            return draw(self.rng.next_f64() * total, cand, weights, &totals);
+            // Top-k alone needs no order: one draw over the weights in id order.
+            return draw(self.rng.next_f64() * total, weights, &totals, |i| cand[i].0);
         }
         let (top_p, floor) = (p.top_p as f64 * total, p.min_p as f64);
         // The ranked prefix, grown until it holds top_p of the mass and reaches below the
@@ -211,25 +226,42 @@ impl Sampler {
     }
 }
 
-/// The candidate at `r` (in [0, total)) of the weights laid end to end in id order: the block
-/// whose running sum passes `r`, then the candidate within it (its last when rounding runs past).
-fn draw(mut r: f64, cand: &[(u32, f32)], weights: &[f64], totals: &[f64]) -> u32 {
+/// Each item's weight into `weights` (as long as `items`), block by block on every core; the
+/// sum of each block, in order.
+fn weigh<T: Sync>(weights: &mut [f64], items: &[T], weight: impl Fn(&T) -> f64 + Sync) -> Vec<f64> {
+    weights
+        .par_chunks_mut(BLOCK)
+        .zip(items.par_chunks(BLOCK))
+        .map(|(w, items)| {
+            for (w, item) in w.iter_mut().zip(items) {
+                *w = weight(item);
+            }
+            w.iter().sum::<f64>()
+        })
+        .collect()
+}
+
+/// The candidate at `r` (in [0, total)) of the weights laid end to end in id order (`id`: the
+/// candidate of weight i): the block whose running sum passes `r`, then the candidate within it
+/// (its last with any weight when rounding runs past).
+fn draw(mut r: f64, weights: &[f64], totals: &[f64], id: impl Fn(usize) -> u32) -> u32 {
     for (b, &t) in totals.iter().enumerate() {
         if r >= t && b + 1 < totals.len() {
             r -= t;
             continue;
         }
         let at = b * BLOCK;
-        let end = (at + BLOCK).min(cand.len());
-        for (&(id, _), &q) in cand[at..end].iter().zip(&weights[at..end]) {
+        let end = (at + BLOCK).min(weights.len());
+        for (i, &q) in weights.iter().enumerate().take(end).skip(at) {
             if r < q {
-                return id;
+                return id(i);
             }
             r -= q;
         }
-        return cand[end - 1].0;
+        let last = (at..end).rev().find(|&i| weights[i] > 0.0).unwrap_or(end - 1);
+        return id(last);
     }
-    cand[cand.len() - 1].0
+    id(weights.len() - 1)
 }
 
 /// Candidate order: highest logit first, ties broken by the lower id (a total order, so any
@@ -405,7 +437,6 @@ mod tests {
         // Whole-number weights, so every sum is exact and the two scans must agree everywhere,
         // block edges and the last candidate included.
         let n = 3 * BLOCK + 5;
-        let cand: Vec<(u32, f32)> = (0..n as u32).map(|i| (i, 0.0)).collect();
         let weights: Vec<f64> = (0..n).map(|i| ((i * 7919) % 5) as f64).collect();
         let totals: Vec<f64> = weights.chunks(BLOCK).map(|c| c.iter().sum()).collect();
         let total: f64 = weights.iter().sum();
@@ -416,19 +447,19 @@ mod tests {
                 }
                 r -= q;
             }
-            n as u32 - 1
+            (0..n).rev().find(|&i| weights[i] > 0.0).unwrap() as u32
         };
         for r in (0..4000)
             .map(|i| i as f64 * total / 4000.0)
             .chain([0.0, total - 0.5, total, total + 3.0])
         {
-            assert_eq!(draw(r, &cand, &weights, &totals), sequential(r), "r = {r}");
+            assert_eq!(draw(r, &weights, &totals, |i| i as u32), sequential(r), "r = {r}");
         }
         for b in 1..totals.len() {
             let edge: f64 = totals[..b].iter().sum();
             for r in [edge - 0.5, edge, edge + 0.5] {
                 assert_eq!(
-                    draw(r, &cand, &weights, &totals),
+                    draw(r, &weights, &totals, |i| i as u32),
                     sequential(r),
                     "block edge r = {r}"
                 );
