@@ -33,7 +33,7 @@ pub use ops::{AttendShape, Glu, GpuTensor, Recorder, Rotation, MAX_HEAD};
 pub use ops_moe::Routing;
 pub use ops_resident::{ResidentExperts, ResidentItems, MAX_RESIDENT_SLABS, MAX_ROUTED_ROWS};
 pub use ops_route::{RouteRule, MAX_PICKS, MAX_ROUTED_EXPERTS};
-pub use read::UploadRates;
+pub use read::{UploadRates, WRITERS};
 
 /// What `--device` asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -412,17 +412,18 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         );
         let to_gpu = g["host_to_gpu_gbps"].as_f64().unwrap_or(0.0);
         println!(
-            "gpu link              {:.1} GB/s host to GPU memory (a copy from host memory already written), {:.1} GB/s GPU to host; weights written at {:.1} GB/s through reused staging memory (as experts are), {:.1} GB/s through the queue",
+            "gpu link              {:.1} GB/s host to GPU ({} threads writing side by side through staging memory, as a layer's experts are copied), {:.1} GB/s by one thread, {:.1} GB/s through the queue; {:.1} GB/s GPU to host",
             to_gpu,
-            g["host_copy_gbps"].as_f64().unwrap_or(0.0),
+            strata_gpu::WRITERS,
             g["host_staged_gbps"].as_f64().unwrap_or(0.0),
             g["host_write_gbps"].as_f64().unwrap_or(0.0),
+            g["host_copy_gbps"].as_f64().unwrap_or(0.0),
         );
         let copied = g["copied_bytes"].as_f64().unwrap_or(0.0) / marks.len().max(1) as f64;
         if copied > 0.0 && per_token_s > 0.0 && to_gpu > 0.0 {
             let rate = copied / per_token_s / 1e9;
             println!(
-                "gpu streaming         {:.1} MB copied per token in {per_token_s:.3} s: {rate:.1} GB/s = {:.0} % of the host-to-GPU copy rate measured above",
+                "gpu streaming         {:.1} MB copied per token in {per_token_s:.3} s: {rate:.1} GB/s = {:.0} % of the host-to-GPU rate measured above",
                 copied / 1e6,
                 100.0 * rate / to_gpu
             );

@@ -35,9 +35,9 @@ pub(super) fn warm_gpu(
 }
 
 /// What the GPU did over the run, and its memory's read rate and the host link's copy rates
-/// measured now (`host_to_gpu_gbps`: host memory already written copied into GPU memory, the
-/// link's way in; `host_copy_gbps`: GPU to host memory; `host_staged_gbps`: host to GPU as
-/// weights are written, through reused staging memory; `host_write_gbps`: through the queue); `uses`: the routed experts' weight uses on it before the timed tokens
+/// measured now (`host_to_gpu_gbps`: host to GPU, threads writing side by side through staging
+/// memory, the link's way in as weights use it; `host_staged_gbps`: one thread;
+/// `host_write_gbps`: through the queue; `host_copy_gbps`: GPU to host memory); `uses`: the routed experts' weight uses on it before the timed tokens
 /// ([`strata_kernels::offload::expert_uses`]).
 pub(super) fn gpu_figures(g: &strata_gpu::Offload, uses: (u64, u64)) -> serde_json::Value {
     let read = g.gpu().read_rate(1 << 30, 3).unwrap_or(0.0);
