@@ -472,7 +472,13 @@ impl Gpu {
         len: usize,
     ) -> Result<Vec<f32>, GpuError> {
         let bytes = (len.max(1) * 4) as u64;
+        // The host's own share of a submission (finishing and submitting the commands), apart
+        // from the GPU's run, for the profile.
+        let t = strata_kernels::profile::enabled().then(std::time::Instant::now);
         self.queue.submit([enc.finish()]);
+        if let Some(t) = t {
+            strata_kernels::profile::record("GPU: finish and submit (host)", 1, t.elapsed());
+        }
         let slice = staging.slice(..bytes);
         let (tx, rx) = std::sync::mpsc::channel();
         slice.map_async(wgpu::MapMode::Read, move |r| {
