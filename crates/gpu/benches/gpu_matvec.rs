@@ -121,11 +121,11 @@ fn main() {
             }
         }
     }
-    // The floor under every product: a 64x64 one, many in one submission.
+    // The floor under every product: a 64x64 one, many in one compute pass.
     let m = matrix(&g, "bf16", 64, 64);
     let s = g.time_matmul(&m, 1, 500, Tile::ALL[0]).expect("timed product");
     println!(
-        "a 64x64 product among 500 in one submission: {:.1} us each",
+        "a 64x64 product among 500 in one compute pass: {:.1} us each",
         s * 1e6
     );
     // One small product's round trip: activations written, the product, results read back.

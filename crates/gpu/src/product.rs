@@ -234,8 +234,8 @@ impl Gpu {
     }
 
     /// Seconds per product of `m` with `tokens` activations through `tile`, averaged over
-    /// `reps` products submitted together (weights and activations already on the GPU; no read
-    /// back).
+    /// `reps` products submitted together in one compute pass (weights and activations already
+    /// on the GPU; no read back).
     pub fn time_matmul(
         &self,
         m: &GpuMatrix,
@@ -273,10 +273,14 @@ impl Gpu {
             .iter()
             .map(|c| self.matmul_bind(&c.buffer, &x, &y, &params))
             .collect();
+        // All in one compute pass, as a submission's products run (`Recorder::finish`).
         let run = |n: usize| -> Result<f64, GpuError> {
             let mut enc = self.device.create_command_encoder(&Default::default());
-            for _ in 0..n {
-                self.record_at(&mut enc, m.format, tile, &dispatches, &binds, 0);
+            {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                for _ in 0..n {
+                    self.record_in(&mut pass, m.format, tile, &dispatches, &binds, 0);
+                }
             }
             let t = std::time::Instant::now();
             self.queue.submit([enc.finish()]);
