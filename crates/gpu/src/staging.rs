@@ -8,7 +8,7 @@
 //! The copy is submitted at once, so like a queue write it lands before any work submitted
 //! after the call. A write larger than a staging buffer goes a staging buffer's bytes at a time.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::{Gpu, GpuError};
@@ -29,6 +29,8 @@ const FAILED: u8 = 2;
 pub(crate) struct Staging {
     free: Mutex<Vec<wgpu::Buffer>>,
     pending: Mutex<Vec<(wgpu::Buffer, Arc<AtomicU8>)>>,
+    /// Buffers that exist: free, pending, or being written by a caller.
+    made: AtomicUsize,
 }
 
 impl Staging {
@@ -40,8 +42,13 @@ impl Staging {
             if let Some(b) = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop() {
                 return Ok(b);
             }
-            let in_flight = self.pending.lock().unwrap_or_else(|e| e.into_inner()).len();
-            if in_flight < STAGING_MOST {
+            let room = self
+                .made
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                    (n < STAGING_MOST).then_some(n + 1)
+                })
+                .is_ok();
+            if room {
                 return Ok(gpu.device.create_buffer(&wgpu::BufferDescriptor {
                     label: Some("weight staging"),
                     size: STAGING_BYTES,
@@ -69,7 +76,10 @@ impl Staging {
                 free.push(b.clone());
                 false
             }
-            _ => false,
+            _ => {
+                self.made.fetch_sub(1, Ordering::AcqRel);
+                false
+            }
         });
     }
 
