@@ -38,6 +38,7 @@ ARCHES = {
     "mixtral": gguf.MODEL_ARCH.LLAMA,
     "deepseek_v3": gguf.MODEL_ARCH.DEEPSEEK2,
     "kimi_k2": gguf.MODEL_ARCH.DEEPSEEK2,
+    "kimi_linear": gguf.MODEL_ARCH.KIMI_LINEAR,
     "llama": gguf.MODEL_ARCH.LLAMA,
     "mistral": gguf.MODEL_ARCH.LLAMA,
     "qwen2": gguf.MODEL_ARCH.QWEN2,
@@ -151,9 +152,12 @@ def permute_rows(array, heads):
 
 
 def tensor_type(gguf_name, array, outtype, mix):
-    """llama.cpp keeps 1-D tensors (norms, biases) and the routers in F32; rows that are not
-    whole blocks take the fallback type, else F16, as llama.cpp does."""
+    """llama.cpp keeps 1-D tensors (norms, biases), the routers, Kimi Linear's convolution taps
+    and every tensor not named `.weight` (its `ssm_a`) in F32; rows that are not whole blocks
+    take the fallback type, else F16, as llama.cpp does."""
     if array.ndim == 1 or gguf_name.endswith(("ffn_gate_inp.weight", "exp_probs_b.bias")):
+        return Q.F32
+    if not gguf_name.endswith(".weight") or re.search(r"ssm_conv1d_[qkv]\.weight$", gguf_name):
         return Q.F32
     if mix and gguf_name.endswith(MORE_BITS):
         outtype = Q.Q6_K
@@ -279,6 +283,9 @@ def add_spm_vocab(w, model_file, vocab_size):
 
 def add_hparams(w, cfg, arch):
     """The keys llama.cpp's converter writes for the architecture."""
+    if arch == gguf.MODEL_ARCH.KIMI_LINEAR:
+        add_kimi_linear_hparams(w, cfg)
+        return
     heads = cfg["num_attention_heads"]
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_context_length(cfg["max_position_embeddings"])
@@ -337,6 +344,41 @@ def add_hparams(w, cfg, arch):
         w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
 
 
+def add_kimi_linear_hparams(w, cfg):
+    """Kimi Linear's keys as llama.cpp's converter writes them: a layer's KV head count says its
+    kind (0: KDA, 1: MLA, whose heads share one latent), the KDA sizes under `ssm`/`kda`, the MLA
+    sizes as for `deepseek2`. Neither the renormalisation of the chosen experts' weights (always
+    on) nor the KDA head count (`head_count`'s) has a key."""
+    la = cfg["linear_attn_config"]
+    layers = cfg["num_hidden_layers"]
+    nope, rope, v, kv_lora = (cfg[k] for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank"))
+    w.add_block_count(layers)
+    w.add_context_length(cfg.get("max_position_embeddings", cfg.get("model_max_length")))
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv([1 if i + 1 in la["full_attn_layers"] else 0 for i in range(layers)])
+    w.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-5))
+    w.add_expert_count(cfg["num_experts"])
+    w.add_expert_used_count(cfg["num_experts_per_token"])
+    w.add_expert_group_used_count(cfg.get("topk_group", 1))
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    w.add_vocab_size(cfg["vocab_size"])
+    w.add_ssm_conv_kernel(la["short_conv_kernel_size"])
+    w.add_kda_head_dim(la["head_dim"])
+    if cfg.get("q_lora_rank"):
+        w.add_q_lora_rank(cfg["q_lora_rank"])
+    w.add_kv_lora_rank(kv_lora)
+    w.add_rope_dimension_count(rope)
+    w.add_key_length(kv_lora + rope)
+    w.add_key_length_mla(nope + rope)
+    w.add_value_length_mla(v)
+    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    w.add_expert_shared_count(cfg.get("num_shared_experts", 1))
+    w.add_leading_dense_block_count(cfg.get("first_k_dense_replace", 0))
+    w.add_expert_weights_scale(cfg.get("routed_scaling_factor", 1.0))
+
+
 def rope_freqs(cfg):
     """Llama 3's rope scaling as llama.cpp's converter stores it: a `rope_freqs` tensor of one
     divisor per frequency (1 for short wavelengths, the factor for long ones, a blend between),
@@ -378,6 +420,13 @@ def back_to_hf(hf_name, stored, cfg, arch, gguf_name):
         stored = stored.reshape(heads, rows // heads // 2, 2, *stored.shape[1:]).swapaxes(1, 2).reshape(stored.shape)
     if hf_name.endswith("e_score_correction.bias"):
         hf_name = hf_name.replace("e_score_correction.bias", "e_score_correction_bias")
+    if arch == gguf.MODEL_ARCH.KIMI_LINEAR:
+        if hf_name.endswith(".A_log"):
+            stored = np.log(-stored)
+        if hf_name.endswith(".dt_proj.bias"):
+            hf_name = hf_name.replace(".dt_proj.bias", ".dt_bias")
+        if hf_name.endswith("_conv1d.weight"):
+            stored = stored.reshape(stored.shape[1], 1, stored.shape[3])
     if hf_name.endswith("shared_expert_gate.weight"):
         stored = stored.reshape(1, -1)
     m = re.match(r"^(.*\.experts)\.(\w+)\.weight$", hf_name)
@@ -419,7 +468,10 @@ def hf_tensors(folder, cfg, arch, whole_kv_b, have):
     for hf_name, (array, source) in sorted(stack_experts(tensors).items()):
         if hf_name.endswith("e_score_correction_bias"):
             hf_name = hf_name.replace("e_score_correction_bias", "e_score_correction.bias")
-        if arch == gguf.MODEL_ARCH.DEEPSEEK2 and hf_name.endswith("kv_b_proj.weight") and not whole_kv_b:
+        if arch == gguf.MODEL_ARCH.KIMI_LINEAR:
+            hf_name, array, source = kimi_linear_tensor(hf_name, array, source)
+        mla = arch in (gguf.MODEL_ARCH.DEEPSEEK2, gguf.MODEL_ARCH.KIMI_LINEAR)
+        if mla and hf_name.endswith("kv_b_proj.weight") and not whole_kv_b:
             k_b, v_b = split_kv_b(np.asarray(array), cfg)
             yield hf_name.replace("kv_b_proj", "k_b_proj"), k_b, source
             yield hf_name.replace("kv_b_proj", "v_b_proj"), v_b, source
@@ -427,6 +479,19 @@ def hf_tensors(folder, cfg, arch, whole_kv_b, have):
         if hf_name.endswith("shared_expert_gate.weight"):
             array = np.asarray(array).reshape(-1)  # llama.cpp stores this (1, D) gate as a vector
         yield hf_name, array, source
+
+
+def kimi_linear_tensor(hf_name, array, source):
+    """llama.cpp's changes to Kimi Linear's KDA tensors: A_log stored as -exp(A_log), dt_bias
+    named as a bias of dt_proj, the convolution taps [C, 1, K] as [1, C, 1, K]."""
+    if hf_name.endswith(".A_log"):
+        return hf_name, -np.exp(as_f32(np.asarray(array), source)), "F32"
+    if hf_name.endswith(".dt_bias"):
+        return hf_name.replace(".dt_bias", ".dt_proj.bias"), array, source
+    if hf_name.endswith("_conv1d.weight"):
+        channels, _, taps = array.shape
+        return hf_name, np.asarray(array).reshape(1, channels, 1, taps), source
+    return hf_name, array, source
 
 
 def gguf_name(names, hf_name, folder, arch):
@@ -469,7 +534,7 @@ def main():
     ap.add_argument(
         "--whole-kv-b",
         action="store_true",
-        help="DeepSeek: keep kv_b_proj whole (older conversions) instead of k_b and v_b",
+        help="DeepSeek, Kimi Linear: keep kv_b_proj whole (older conversions) instead of k_b and v_b",
     )
     args = ap.parse_args()
     folder = Path(args.model_dir)

@@ -13,11 +13,13 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 CONVERTER = REPO / "scripts" / "hf-to-gguf.py"
 # model_type values `scripts/hf-to-gguf.py` converts (its ARCHES).
-CONVERTED = {"qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v3", "kimi_k2", "llama", "mistral", "qwen2", "qwen3"}
+CONVERTED = {
+    "qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v3", "kimi_k2", "kimi_linear", "llama", "mistral", "qwen2", "qwen3"
+}
 # The repository's own fixtures (dense models, Qwen2-MoE), beside the script that made them.
 OWN = REPO / "tests" / "data"
-# DeepSeek-style MLA fixtures are also written with kv_b whole (older conversions).
-MLA = {"deepseek_v3", "kimi_k2"}
+# MLA fixtures (DeepSeek-style, Kimi Linear's) are also written with kv_b whole (older conversions).
+MLA = {"deepseek_v3", "kimi_k2", "kimi_linear"}
 
 
 def strata_bin() -> str:

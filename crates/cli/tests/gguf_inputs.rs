@@ -219,3 +219,45 @@ fn a_dense_llama_with_q_k_v_biases_and_linear_rope_runs() {
     write(false);
     expect_error(&path, &["dense.gguf", "blk.0.attn_v.bias"]);
 }
+
+#[test]
+fn kimi_linear_needs_one_kv_head_count_per_layer() {
+    let kimi = |kv: Value| {
+        let mut w = GgufWriter::default();
+        w.kv("general.architecture", Value::String("kimi-linear".into()));
+        for (k, v) in [
+            ("block_count", 2),
+            ("context_length", 128),
+            ("embedding_length", 64),
+            ("feed_forward_length", 128),
+            ("attention.head_count", 2),
+            ("expert_count", 2),
+            ("expert_used_count", 1),
+        ] {
+            w.kv(&format!("kimi-linear.{k}"), Value::U32(v));
+        }
+        w.kv("kimi-linear.attention.head_count_kv", kv);
+        w.tensor("token_embd.weight", &[64, 4], GgmlType::F32, vec![0; 64 * 4 * 4]);
+        w
+    };
+    let path = tmp("kimi-scalar.gguf");
+    kimi(Value::U32(1)).write(&path).unwrap();
+    expect_error(
+        &path,
+        &[
+            "kimi-scalar.gguf",
+            "kimi-linear.attention.head_count_kv",
+            "one KV head count per layer",
+        ],
+    );
+    let path = tmp("kimi-short.gguf");
+    kimi(Value::Array(vec![Value::I32(0)])).write(&path).unwrap();
+    expect_error(
+        &path,
+        &[
+            "kimi-short.gguf",
+            "kimi-linear.attention.head_count_kv",
+            "1 entries for 2 layers",
+        ],
+    );
+}

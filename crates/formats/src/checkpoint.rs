@@ -286,10 +286,15 @@ impl Checkpoint {
         FormatError::MissingTensor {
             dir: self.dir.clone(),
             tensor: name.to_string(),
-            note: match self.file_name.as_ref().and_then(|f| f(name)) {
-                Some(file_name) => format!(" (in the file: {file_name})"),
-                None => String::new(),
-            },
+            note: self.in_the_file(name),
+        }
+    }
+
+    /// ` (in the file: NAME)` where the files name tensor `name` otherwise (GGUF), else "".
+    pub fn in_the_file(&self, name: &str) -> String {
+        match self.file_name.as_ref().and_then(|f| f(name)) {
+            Some(file_name) => format!(" (in the file: {file_name})"),
+            None => String::new(),
         }
     }
 

@@ -34,10 +34,12 @@ enum Family {
     /// Dense `qwen2` (q/k/v biases) and `qwen3` (q/k norms): NeoX rotation, rows as stored.
     Qwen2,
     Qwen3,
+    /// Kimi Linear: KDA and MLA layers (`crate::gguf_kimi_linear`).
+    KimiLinear,
 }
 
 const SUPPORTED: &str =
-    "qwen3moe, qwen2moe, deepseek2, llama (dense, or with experts: Mixtral), qwen2, qwen3";
+    "qwen3moe, qwen2moe, deepseek2, kimi-linear, llama (dense, or with experts: Mixtral), qwen2, qwen3";
 
 impl Family {
     fn of(g: &Gguf, arch: &str) -> Result<Family> {
@@ -49,6 +51,7 @@ impl Family {
             "llama" => Ok(Family::Llama),
             "qwen2" => Ok(Family::Qwen2),
             "qwen3" => Ok(Family::Qwen3),
+            "kimi-linear" => Ok(Family::KimiLinear),
             _ => Err(g.key_error(
                 "general.architecture",
                 format!("architecture `{arch}` is not supported (supported: {SUPPORTED})"),
@@ -62,6 +65,7 @@ impl Family {
             Family::Qwen2Moe => &QWEN2MOE,
             Family::Mixtral => &MIXTRAL,
             Family::DeepSeek2 => &DEEPSEEK2,
+            Family::KimiLinear => &KIMI_LINEAR,
             Family::Llama | Family::Qwen2 | Family::Qwen3 => &DENSE,
         }
     }
@@ -76,6 +80,7 @@ impl Family {
             Family::Llama => ("llama", "LlamaForCausalLM"),
             Family::Qwen2 => ("qwen2", "Qwen2ForCausalLM"),
             Family::Qwen3 => ("qwen3", "Qwen3ForCausalLM"),
+            Family::KimiLinear => ("kimi_linear", "KimiLinearForCausalLM"),
         }
     }
 
@@ -83,7 +88,7 @@ impl Family {
     fn moe(self) -> bool {
         matches!(
             self,
-            Family::Qwen3Moe | Family::Qwen2Moe | Family::Mixtral | Family::DeepSeek2
+            Family::Qwen3Moe | Family::Qwen2Moe | Family::Mixtral | Family::DeepSeek2 | Family::KimiLinear
         )
     }
 }
@@ -124,10 +129,11 @@ fn supported_types() -> String {
 }
 
 /// How an architecture's per-layer GGUF tensors (`blk.L.<stem>.<kind>`) are named in its
-/// Hugging Face checkpoints: (stem, name after `model.layers.L.`) for single tensors, and for
-/// the experts' stacked tensors (stem, the experts' prefix, the projection).
+/// Hugging Face checkpoints: (stem, name after `model.layers.L.`) for single tensors, in parts
+/// (a stem no file of the architecture holds does no harm), and for the experts' stacked
+/// tensors (stem, the experts' prefix, the projection).
 struct Names {
-    one: &'static [(&'static str, &'static str)],
+    one: &'static [&'static [(&'static str, &'static str)]],
     experts: &'static [(&'static str, &'static str, &'static str)],
 }
 
@@ -140,88 +146,120 @@ const GQA: &[(&str, &str)] = &[
     ("attn_output", "self_attn.o_proj"),
     ("attn_q_norm", "self_attn.q_norm"),
     ("attn_k_norm", "self_attn.k_norm"),
+];
+
+/// A dense feed-forward block and its norm.
+const FFN: &[(&str, &str)] = &[
     ("ffn_norm", "post_attention_layernorm"),
     ("ffn_gate", "mlp.gate_proj"),
     ("ffn_up", "mlp.up_proj"),
     ("ffn_down", "mlp.down_proj"),
 ];
 
+/// MLA's own tensors (DeepSeek-style; Kimi Linear's MLA layers).
+const MLA: &[(&str, &str)] = &[
+    ("attn_q_a", "self_attn.q_a_proj"),
+    ("attn_q_a_norm", "self_attn.q_a_layernorm"),
+    ("attn_q_b", "self_attn.q_b_proj"),
+    ("attn_kv_a_mqa", "self_attn.kv_a_proj_with_mqa"),
+    ("attn_kv_a_norm", "self_attn.kv_a_layernorm"),
+    ("attn_kv_b", "self_attn.kv_b_proj"),
+    ("attn_k_b", "self_attn.k_b_proj"),
+    ("attn_v_b", "self_attn.v_b_proj"),
+];
+
+/// Kimi Linear's KDA tensors named by stem (llama.cpp's `ssm_*`).
+const KDA: &[(&str, &str)] = &[
+    ("ssm_conv1d_q", "self_attn.q_conv1d"),
+    ("ssm_conv1d_k", "self_attn.k_conv1d"),
+    ("ssm_conv1d_v", "self_attn.v_conv1d"),
+    ("ssm_f_a", "self_attn.f_a_proj"),
+    ("ssm_f_b", "self_attn.f_b_proj"),
+    ("ssm_beta", "self_attn.b_proj"),
+    ("ssm_g_a", "self_attn.g_a_proj"),
+    ("ssm_g_b", "self_attn.g_b_proj"),
+    ("ssm_norm", "self_attn.o_norm"),
+];
+
+/// Stacked experts as `mlp.experts.E.{gate,up,down}_proj`.
+const MLP_EXPERTS: &[(&str, &str, &str)] = &[
+    ("ffn_gate_exps", "mlp.experts", "gate_proj"),
+    ("ffn_up_exps", "mlp.experts", "up_proj"),
+    ("ffn_down_exps", "mlp.experts", "down_proj"),
+];
+
+/// Stacked experts as `block_sparse_moe.experts.E.w{1,3,2}` (Mixtral, Kimi Linear).
+const W123_EXPERTS: &[(&str, &str, &str)] = &[
+    ("ffn_gate_exps", "block_sparse_moe.experts", "w1"),
+    ("ffn_up_exps", "block_sparse_moe.experts", "w3"),
+    ("ffn_down_exps", "block_sparse_moe.experts", "w2"),
+];
+
 const QWEN3MOE: Names = Names {
-    one: GQA,
-    experts: &[
-        ("ffn_gate_exps", "mlp.experts", "gate_proj"),
-        ("ffn_up_exps", "mlp.experts", "up_proj"),
-        ("ffn_down_exps", "mlp.experts", "down_proj"),
-    ],
+    one: &[GQA, FFN],
+    experts: MLP_EXPERTS,
 };
 
 const QWEN2MOE: Names = Names {
     one: &[
-        ("attn_norm", "input_layernorm"),
-        ("attn_q", "self_attn.q_proj"),
-        ("attn_k", "self_attn.k_proj"),
-        ("attn_v", "self_attn.v_proj"),
-        ("attn_output", "self_attn.o_proj"),
-        ("ffn_norm", "post_attention_layernorm"),
-        ("ffn_gate", "mlp.gate_proj"),
-        ("ffn_up", "mlp.up_proj"),
-        ("ffn_down", "mlp.down_proj"),
-        ("ffn_gate_shexp", "mlp.shared_expert.gate_proj"),
-        ("ffn_up_shexp", "mlp.shared_expert.up_proj"),
-        ("ffn_down_shexp", "mlp.shared_expert.down_proj"),
-        ("ffn_gate_inp_shexp", "mlp.shared_expert_gate"),
+        GQA,
+        FFN,
+        &[
+            ("ffn_gate_shexp", "mlp.shared_expert.gate_proj"),
+            ("ffn_up_shexp", "mlp.shared_expert.up_proj"),
+            ("ffn_down_shexp", "mlp.shared_expert.down_proj"),
+            ("ffn_gate_inp_shexp", "mlp.shared_expert_gate"),
+        ],
     ],
-    experts: &[
-        ("ffn_gate_exps", "mlp.experts", "gate_proj"),
-        ("ffn_up_exps", "mlp.experts", "up_proj"),
-        ("ffn_down_exps", "mlp.experts", "down_proj"),
-    ],
+    experts: MLP_EXPERTS,
 };
 
 const MIXTRAL: Names = Names {
-    one: GQA,
-    experts: &[
-        ("ffn_gate_exps", "block_sparse_moe.experts", "w1"),
-        ("ffn_up_exps", "block_sparse_moe.experts", "w3"),
-        ("ffn_down_exps", "block_sparse_moe.experts", "w2"),
-    ],
+    one: &[GQA, FFN],
+    experts: W123_EXPERTS,
 };
 
 const DENSE: Names = Names {
-    one: GQA,
+    one: &[GQA, FFN],
     experts: &[],
 };
 
 const DEEPSEEK2: Names = Names {
     one: &[
-        ("attn_norm", "input_layernorm"),
-        ("attn_q", "self_attn.q_proj"),
-        ("attn_q_a", "self_attn.q_a_proj"),
-        ("attn_q_a_norm", "self_attn.q_a_layernorm"),
-        ("attn_q_b", "self_attn.q_b_proj"),
-        ("attn_kv_a_mqa", "self_attn.kv_a_proj_with_mqa"),
-        ("attn_kv_a_norm", "self_attn.kv_a_layernorm"),
-        ("attn_kv_b", "self_attn.kv_b_proj"),
-        ("attn_k_b", "self_attn.k_b_proj"),
-        ("attn_v_b", "self_attn.v_b_proj"),
-        ("attn_output", "self_attn.o_proj"),
-        ("ffn_norm", "post_attention_layernorm"),
-        ("ffn_gate", "mlp.gate_proj"),
-        ("ffn_up", "mlp.up_proj"),
-        ("ffn_down", "mlp.down_proj"),
-        ("ffn_gate_shexp", "mlp.shared_experts.gate_proj"),
-        ("ffn_up_shexp", "mlp.shared_experts.up_proj"),
-        ("ffn_down_shexp", "mlp.shared_experts.down_proj"),
+        GQA,
+        MLA,
+        FFN,
+        &[
+            ("ffn_gate_shexp", "mlp.shared_experts.gate_proj"),
+            ("ffn_up_shexp", "mlp.shared_experts.up_proj"),
+            ("ffn_down_shexp", "mlp.shared_experts.down_proj"),
+        ],
     ],
-    experts: &[
-        ("ffn_gate_exps", "mlp.experts", "gate_proj"),
-        ("ffn_up_exps", "mlp.experts", "up_proj"),
-        ("ffn_down_exps", "mlp.experts", "down_proj"),
-    ],
+    experts: MLP_EXPERTS,
 };
 
-/// `blk.L.exp_probs_b.bias`, the routing's correction bias, under its Hugging Face name.
-const CORRECTION_BIAS: (&str, &str) = ("exp_probs_b.bias", "mlp.gate.e_score_correction_bias");
+const KIMI_LINEAR: Names = Names {
+    one: &[
+        GQA,
+        KDA,
+        MLA,
+        FFN,
+        &[
+            ("ffn_gate_shexp", "block_sparse_moe.shared_experts.gate_proj"),
+            ("ffn_up_shexp", "block_sparse_moe.shared_experts.up_proj"),
+            ("ffn_down_shexp", "block_sparse_moe.shared_experts.down_proj"),
+        ],
+    ],
+    experts: W123_EXPERTS,
+};
+
+/// Kimi Linear's KDA tensors whose GGUF names have no Hugging Face twin by stem:
+/// (`blk.L.` name, name after `model.layers.L.`). `ssm_a` is -exp(A_log), a name of its own.
+const KDA_ODD: &[(&str, &str)] = &[("ssm_a", "self_attn.A"), ("ssm_dt.bias", "self_attn.dt_bias")];
+
+/// `blk.L.exp_probs_b.bias`, the routing's correction bias: its GGUF name, and its Hugging Face
+/// name after the router's.
+const CORRECTION_BIAS: (&str, &str) = ("exp_probs_b.bias", "e_score_correction_bias");
 
 /// The router, whose Hugging Face name differs between families.
 fn router(names: &Names) -> &'static str {
@@ -244,7 +282,11 @@ impl Names {
         if stem == "ffn_gate_inp" {
             return Some(router(self));
         }
-        self.one.iter().find(|(s, _)| *s == stem).map(|(_, h)| *h)
+        self.one
+            .iter()
+            .flat_map(|part| part.iter())
+            .find(|(s, _)| *s == stem)
+            .map(|(_, h)| *h)
     }
 
     /// The GGUF name of a Hugging Face tensor name (`blk.L.ffn_gate_exps.weight, expert E` for
@@ -255,8 +297,11 @@ impl Names {
         }
         let rest = hf.strip_prefix("model.layers.")?;
         let (layer, rest) = rest.split_once('.')?;
-        if rest == CORRECTION_BIAS.1 {
+        if rest == format!("{}.{}", router(self), CORRECTION_BIAS.1) {
             return Some(format!("blk.{layer}.{}", CORRECTION_BIAS.0));
+        }
+        if let Some((g, _)) = KDA_ODD.iter().find(|(_, h)| *h == rest) {
+            return Some(format!("blk.{layer}.{g}"));
         }
         let (base, kind) = rest.rsplit_once('.')?;
         for (stem, prefix, proj) in self.experts {
@@ -272,7 +317,11 @@ impl Names {
         if base == router(self) {
             return Some(format!("blk.{layer}.ffn_gate_inp.{kind}"));
         }
-        let (stem, _) = self.one.iter().find(|(_, h)| *h == base)?;
+        let (stem, _) = self
+            .one
+            .iter()
+            .flat_map(|part| part.iter())
+            .find(|(_, h)| *h == base)?;
         Some(format!("blk.{layer}.{stem}.{kind}"))
     }
 }
@@ -289,13 +338,23 @@ fn hf_entries(names: &Names, t: &GgufTensor) -> Option<Vec<HfEntry>> {
     let rest = t.name.strip_prefix("blk.")?;
     let (layer, rest) = rest.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
-    let (stem, kind) = rest.rsplit_once('.')?;
     let p = format!("model.layers.{layer}");
     if rest == CORRECTION_BIAS.0 {
-        return whole(&format!("{p}.{}", CORRECTION_BIAS.1));
+        return whole(&format!("{p}.{}.{}", router(names), CORRECTION_BIAS.1));
     }
+    if let Some((_, hf)) = KDA_ODD.iter().find(|(g, _)| *g == rest) {
+        return whole(&format!("{p}.{hf}"));
+    }
+    let (stem, kind) = rest.rsplit_once('.')?;
     if let Some(hf) = names.one(stem) {
         let name = format!("{p}.{hf}.{kind}");
+        if hf.ends_with("_conv1d") {
+            // llama.cpp's [1, C, 1, K] (or [C, 1, K]) taps as Hugging Face's [C, 1, K].
+            let shape = t.shape();
+            let taps = *shape.last()?;
+            let channels = shape.iter().product::<usize>() / taps.max(1);
+            return Some(vec![(name, vec![channels, 1, taps], t.offset, t.len)]);
+        }
         if hf == "mlp.shared_expert_gate" && t.dims.len() == 1 {
             // llama.cpp stores this (1, D) gate as a vector.
             return Some(vec![(name, vec![1, t.shape()[0]], t.offset, t.len)]);
@@ -371,8 +430,11 @@ fn config(g: &Gguf, arch: &str, family: Family, tensors: &HashMap<String, Tensor
     set("hidden_size", json!(hidden));
     set("num_hidden_layers", json!(g.usize(&key("block_count"))?));
     set("num_attention_heads", json!(heads));
-    let kv_heads = g.opt_usize(&key("attention.head_count_kv"))?.unwrap_or(heads);
-    set("num_key_value_heads", json!(kv_heads));
+    if family != Family::KimiLinear {
+        // (Kimi Linear's is one count per layer: its layers' kinds.)
+        let kv_heads = g.opt_usize(&key("attention.head_count_kv"))?.unwrap_or(heads);
+        set("num_key_value_heads", json!(kv_heads));
+    }
     let head_dim = g.opt_usize(&key("attention.key_length"))?;
     set("head_dim", json!(head_dim.unwrap_or(hidden / heads.max(1))));
     set("max_position_embeddings", json!(g.usize(&key("context_length"))?));
@@ -433,6 +495,11 @@ fn config(g: &Gguf, arch: &str, family: Family, tensors: &HashMap<String, Tensor
         }
         Family::DeepSeek2 => {
             for (k, v) in deepseek2(g, arch, experts, tensors)? {
+                set(k, v);
+            }
+        }
+        Family::KimiLinear => {
+            for (k, v) in crate::gguf_kimi_linear::config(g, arch, tensors)? {
                 set(k, v);
             }
         }

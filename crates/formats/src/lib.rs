@@ -9,6 +9,7 @@ mod dry;
 mod dtype;
 mod error;
 pub mod gguf;
+mod gguf_kimi_linear;
 mod gguf_model;
 pub mod gguf_write;
 mod quant;

@@ -440,9 +440,25 @@ impl Config {
     }
 }
 
-/// `exp(A_log)` for every key channel (C,), from either stored layout.
-fn decay_rates(ckpt: &Checkpoint, name: &str, c: &Config) -> Result<Vec<f32>> {
+/// `exp(A_log)` for every key channel (C,), from either stored layout of `{attn}A_log`, or
+/// from `{attn}A`, the rates' negatives (-exp(A_log)) as GGUF conversions store them.
+fn decay_rates(ckpt: &Checkpoint, attn: &str, c: &Config) -> Result<Vec<f32>> {
     let (nh, dk) = (c.kda_heads, c.kda_dim);
+    let negated = format!("{attn}A");
+    if ckpt.contains(&negated) {
+        let shape = ckpt.entry(&negated)?.info.shape.clone();
+        if shape.iter().product::<usize>() != nh || shape.iter().filter(|&&n| n != 1).count() > 1 {
+            let reason = format!("expected {nh} per-head values (e.g. [1, 1, {nh}, 1]), found {shape:?}");
+            return Err(bad_tensor(ckpt, &negated, reason));
+        }
+        let values = ckpt.read_f32(&negated, &shape)?;
+        if let Some(v) = values.iter().find(|v| v.is_nan() || **v >= 0.0) {
+            let reason = format!("holds {v}: -exp(A_log) is negative");
+            return Err(bad_tensor(ckpt, &negated, reason));
+        }
+        return Ok((0..nh * dk).map(|i| -values[i / dk]).collect());
+    }
+    let name = &format!("{attn}A_log");
     let shape = ckpt.entry(name)?.info.shape.clone();
     let values = ckpt.read_f32(name, &shape)?;
     let per_head: Vec<f32> = if shape == [1, 1, nh, 1] || shape == [nh] {
@@ -479,7 +495,7 @@ fn decay_rates(ckpt: &Checkpoint, name: &str, c: &Config) -> Result<Vec<f32>> {
 fn bad_tensor(ckpt: &Checkpoint, name: &str, reason: String) -> crate::ModelError {
     strata_formats::FormatError::BadTensor {
         path: ckpt.dir().to_path_buf(),
-        tensor: name.to_string(),
+        tensor: format!("{name}{}", ckpt.in_the_file(name)),
         reason,
     }
     .into()
@@ -505,7 +521,7 @@ fn load_kda(ckpt: &Checkpoint, a: &str, c: &Config) -> Result<KdaAttention> {
         k: load_linear(ckpt, &format!("{a}k_proj"), w, d)?,
         v: load_linear(ckpt, &format!("{a}v_proj"), w, d)?,
         conv,
-        a: decay_rates(ckpt, &format!("{a}A_log"), c)?,
+        a: decay_rates(ckpt, a, c)?,
         dt_bias: load_vector(ckpt, &format!("{a}dt_bias"), w)?,
         f_a: load_linear(ckpt, &format!("{a}f_a_proj"), dk, d)?,
         f_b: load_linear(ckpt, &format!("{a}f_b_proj"), w, dk)?,
@@ -547,12 +563,8 @@ fn load_mla(ckpt: &Checkpoint, a: &str, c: &Config) -> Result<MlaAttention> {
             c.hidden,
         )?,
         kv_a_norm: load_vector(ckpt, &format!("{a}kv_a_layernorm.weight"), c.kv_lora)?,
-        kv_b: load_linear(
-            ckpt,
-            &format!("{a}kv_b_proj"),
-            c.n_heads * (c.nope + c.v),
-            c.kv_lora,
-        )?,
+        // Whole, or split into k_b and v_b as GGUF conversions store it.
+        kv_b: strata_weights::load_kv_b(ckpt, a.trim_end_matches('.'), c.n_heads, c.nope, c.v, c.kv_lora)?,
         o: load_linear(ckpt, &format!("{a}o_proj"), c.hidden, c.n_heads * c.v)?,
         gate: if c.mla_gate {
             Some(load_linear(
