@@ -87,6 +87,7 @@ fn main() {
         ("Qwen3 LM head", 151936, 2048),
         ("Kimi K2 q_a_proj", 1536, 7168),
         ("Kimi K2 kv_a_proj", 576, 7168),
+        ("Kimi K2 LM head", 163840, 7168),
     ];
     let n_shapes = arg(&args, "--shapes").map_or(shapes.len(), |v| v.parse().expect("--shapes N"));
     let mem = g.read_rate(1 << 30, 5).expect("read rate");
@@ -128,6 +129,15 @@ fn main() {
         "a 64x64 product among 500 in one compute pass: {:.1} us each",
         s * 1e6
     );
+    for (what, apart) in [("the same output", false), ("its own output", true)] {
+        let s = g
+            .time_products_apart(&m, 500, Tile::ALL[0], apart)
+            .expect("timed products");
+        println!(
+            "a 64x64 product among 500 in one compute pass, each to {what}: {:.1} us each",
+            s * 1e6
+        );
+    }
     // One small product's round trip: activations written, the product, results read back.
     let xs = vec![0.5f32; 64];
     g.matmul(&m, &xs, 1).expect("product");

@@ -368,11 +368,27 @@ impl Gpu {
     }
 }
 
-fn pipeline(device: &wgpu::Device, label: &str, source: &str) -> wgpu::ComputePipeline {
-    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+/// A module of strata's own WGSL. `STRATA_GPU_CHECKS=0` (an experiment, off by default) leaves
+/// out what naga adds to untrusted shaders: index clamps where the driver does not bound buffer
+/// accesses itself, and a counter in every loop.
+pub(crate) fn module(device: &wgpu::Device, label: &str, source: &str) -> wgpu::ShaderModule {
+    let desc = wgpu::ShaderModuleDescriptor {
         label: Some(label),
         source: wgpu::ShaderSource::Wgsl(source.into()),
-    });
+    };
+    static UNCHECKED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *UNCHECKED.get_or_init(|| std::env::var("STRATA_GPU_CHECKS").is_ok_and(|v| v == "0")) {
+        // SAFETY: every loop of these shaders ends (counts from parameters the host wrote, steps
+        // above zero), and every index is within its array or binding for the parameters the
+        // host writes (the property tests compare every output with the CPU's).
+        unsafe { device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked()) }
+    } else {
+        device.create_shader_module(desc)
+    }
+}
+
+fn pipeline(device: &wgpu::Device, label: &str, source: &str) -> wgpu::ComputePipeline {
+    let module = module(device, label, source);
     device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
         label: Some(label),
         layout: None,

@@ -141,12 +141,9 @@ impl Pipelines {
 
     pub(crate) fn pipeline(&self, device: &wgpu::Device, k: Kernel) -> &wgpu::ComputePipeline {
         self.pipes[k as usize].get_or_init(|| {
-            let module = self.module.get_or_init(|| {
-                device.create_shader_module(wgpu::ShaderModuleDescriptor {
-                    label: Some("ops"),
-                    source: wgpu::ShaderSource::Wgsl(include_str!("shaders/ops.wgsl").into()),
-                })
-            });
+            let module = self
+                .module
+                .get_or_init(|| crate::module(device, "ops", include_str!("shaders/ops.wgsl")));
             device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(k.entry()),
                 layout: Some(&self.pipeline_layout),

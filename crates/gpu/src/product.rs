@@ -259,15 +259,7 @@ impl Gpu {
             mapped_at_creation: false,
         });
         let dispatches = dispatches(m, tokens, tile, (0, 0))?;
-        let mut all = vec![0u8; PARAMS_STRIDE as usize * dispatches.len()];
-        for (i, d) in dispatches.iter().enumerate() {
-            all[i * PARAMS_STRIDE as usize..][..MATMUL_PARAMS].copy_from_slice(&d.params);
-        }
-        let params = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some("matmul params"),
-            contents: &all,
-            usage: wgpu::BufferUsages::UNIFORM,
-        });
+        let params = self.params_buffer(&dispatches);
         let binds: Vec<_> = m
             .chunks
             .iter()
@@ -291,6 +283,75 @@ impl Gpu {
         Ok(run(reps.max(1))? / reps.max(1) as f64)
     }
 
+    /// A uniform buffer of the dispatches' parameters, one per `PARAMS_STRIDE`.
+    fn params_buffer(&self, dispatches: &[Dispatch]) -> wgpu::Buffer {
+        let mut all = vec![0u8; PARAMS_STRIDE as usize * dispatches.len()];
+        for (i, d) in dispatches.iter().enumerate() {
+            all[i * PARAMS_STRIDE as usize..][..MATMUL_PARAMS].copy_from_slice(&d.params);
+        }
+        self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("matmul params"),
+            contents: &all,
+            usage: wgpu::BufferUsages::UNIFORM,
+        })
+    }
+
+    /// Seconds per product of `n` products of `m` (one token, `tile`) recorded in one compute
+    /// pass, each writing its own output buffer (`apart`: no product waits for the one before,
+    /// as independent work may run) or all the same one (each waits, as a chain of ops does).
+    pub fn time_products_apart(
+        &self,
+        m: &GpuMatrix,
+        n: usize,
+        tile: Tile,
+        apart: bool,
+    ) -> Result<f64, GpuError> {
+        let xs: Vec<f32> = (0..m.in_dim.next_multiple_of(4))
+            .map(|i| (i % 7) as f32 / 8.0)
+            .collect();
+        let x = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("activations"),
+            contents: &le_bytes(&xs),
+            usage: wgpu::BufferUsages::STORAGE,
+        });
+        let outputs: Vec<wgpu::Buffer> = (0..if apart { n } else { 1 })
+            .map(|_| {
+                self.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("outputs"),
+                    size: (m.rows * 4) as u64,
+                    usage: wgpu::BufferUsages::STORAGE,
+                    mapped_at_creation: false,
+                })
+            })
+            .collect();
+        let dispatches = dispatches(m, 1, tile, (0, 0))?;
+        let params = self.params_buffer(&dispatches);
+        let binds: Vec<Vec<_>> = outputs
+            .iter()
+            .map(|y| {
+                m.chunks
+                    .iter()
+                    .map(|c| self.matmul_bind(&c.buffer, &x, y, &params))
+                    .collect()
+            })
+            .collect();
+        let run = || -> Result<f64, GpuError> {
+            let mut enc = self.device.create_command_encoder(&Default::default());
+            {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                for i in 0..n {
+                    self.record_in(&mut pass, m.format, tile, &dispatches, &binds[i % binds.len()], 0);
+                }
+            }
+            let t = std::time::Instant::now();
+            self.queue.submit([enc.finish()]);
+            self.wait("timed products")?;
+            Ok(t.elapsed().as_secs_f64())
+        };
+        run()?;
+        Ok(run()? / n as f64)
+    }
+
     /// The product pipeline of `format` and `tile`, made at its first use; `grouped`: the form
     /// that reads each workgroup's expert from a table of items.
     pub(crate) fn matmul_pipeline(
@@ -310,10 +371,7 @@ impl Gpu {
                 if grouped { " grouped" } else { "" }
             );
             let source = crate::shader::matmul_source(format, tile, grouped);
-            let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: Some(&label),
-                source: wgpu::ShaderSource::Wgsl(source.into()),
-            });
+            let module = crate::module(&self.device, &label, &source);
             self.device
                 .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                     label: Some(&label),
