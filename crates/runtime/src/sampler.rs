@@ -192,10 +192,14 @@ impl Sampler {
             if end < cand.len() {
                 cand[ranked..].select_nth_unstable_by(end - ranked - 1, by_rank);
             }
-            cand[ranked..end].sort_by(by_rank);
-            let first = weight(cand[0].1);
-            for (i, c) in cand.iter().enumerate().take(end).skip(ranked) {
-                let q = weight(c.1);
+            // A total order (ties by id), so an unstable sort on every core gives the one order.
+            cand[ranked..end].par_sort_unstable_by(by_rank);
+            // From here on `weights` follows the ranked order, each computed once on every core.
+            (weights[ranked..end].par_iter_mut())
+                .zip(cand[ranked..end].par_iter())
+                .for_each(|(w, c)| *w = weight(c.1));
+            let first = weights[0];
+            for (i, &q) in weights.iter().enumerate().take(end).skip(ranked) {
                 if p.min_p > 0.0 && q < first * floor {
                     keep = Some(i.max(1));
                     break;
@@ -213,10 +217,9 @@ impl Sampler {
             want *= 4;
         }
         let keep = keep.expect("set above");
-        let total: f64 = cand[..keep].iter().map(|c| weight(c.1)).sum();
+        let total: f64 = weights[..keep].iter().sum();
         let mut r = self.rng.next_f64() * total;
-        for &(id, l) in &cand[..keep] {
-            let q = weight(l);
+        for (&(id, _), &q) in cand[..keep].iter().zip(&weights[..keep]) {
             if r < q {
                 return id;
             }
