@@ -45,10 +45,15 @@ ARCHES = {
     "qwen3": gguf.MODEL_ARCH.QWEN3,
 }
 
-# The split patterns of the byte-level BPE pre-tokenizers llama.cpp names.
+# The split patterns (in order) of the byte-level BPE pre-tokenizers llama.cpp names.
 PRE_TOKENIZERS = {
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "qwen2",
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "llama-bpe",
+    (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",): "qwen2",
+    (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",): "llama-bpe",
+    (
+        r"\p{N}{1,3}",
+        "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+        "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
+    ): "deepseek-v3",
 }
 
 Q = gguf.GGMLQuantizationType
@@ -206,11 +211,12 @@ def add_placeholder_vocab(w, cfg):
 def pre_tokenizer(folder, tok):
     """llama.cpp's name for the tokenizer's split pattern."""
     pre = tok.get("pre_tokenizer") or {}
-    for p in pre.get("pretokenizers", [pre]):
-        regex = (p.get("pattern") or {}).get("Regex")
-        if p.get("type") == "Split" and regex in PRE_TOKENIZERS:
-            return PRE_TOKENIZERS[regex]
-    sys.exit(f"{folder}: the tokenizer's split pattern is not one this script names")
+    splits = tuple(
+        (p.get("pattern") or {}).get("Regex") for p in pre.get("pretokenizers", [pre]) if p.get("type") == "Split"
+    )
+    if splits in PRE_TOKENIZERS:
+        return PRE_TOKENIZERS[splits]
+    sys.exit(f"{folder}: the tokenizer's split patterns are not ones this script names")
 
 
 def add_vocab(w, folder, vocab_size):

@@ -30,23 +30,40 @@ pub(crate) struct Parts {
     pub add_bos_default: bool,
 }
 
-/// Byte-level BPE pre-tokenizers by llama.cpp's name: (names, split pattern, NFC first).
-const PRE: &[(&[&str], &str, bool)] = &[
+/// Byte-level BPE pre-tokenizers by llama.cpp's name: (names, split patterns applied in turn,
+/// NFC first).
+const PRE: &[(&[&str], &[&str], bool)] = &[
     (
         &["qwen2", "deepseek-r1-qwen"],
-        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        &[
+            r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        ],
         true,
     ),
     (
         &["llama-bpe", "llama3"],
-        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        &[
+            r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        ],
         false,
     ),
     (
         &["gpt2", "default"],
-        r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+",
+        &[r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"],
         false,
     ),
+    // DeepSeek-V3/R1's three splits, as its tokenizer.json has them.
+    (
+        &["deepseek-v3"],
+        &[
+            r"\p{N}{1,3}",
+            "[\u{4e00}-\u{9fa5}\u{3040}-\u{309f}\u{30a0}-\u{30ff}]+",
+            r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"##,
+        ],
+        false,
+    ),
+    // Kimi K2 (and Kimi Linear): its tiktoken pattern, Han runs apart.
+    (&["kimi-k2"], &[crate::tiktoken::KIMI_PATTERN], false),
 ];
 
 pub(crate) fn bad(g: &Gguf, key: &str, reason: impl std::fmt::Display) -> TokenizerError {
@@ -126,7 +143,7 @@ fn byte_level(g: &Gguf, tokens: &[&str], types: &[i64]) -> Result<Parts> {
         .ok()
         .flatten()
         .unwrap_or("default");
-    let Some(&(_, pattern, nfc)) = PRE.iter().find(|(names, _, _)| names.contains(&pre_name)) else {
+    let Some(&(_, patterns, nfc)) = PRE.iter().find(|(names, _, _)| names.contains(&pre_name)) else {
         let known: Vec<&str> = PRE.iter().flat_map(|(n, _, _)| n.iter().copied()).collect();
         return Err(bad(
             g,
@@ -149,9 +166,11 @@ fn byte_level(g: &Gguf, tokens: &[&str], types: &[i64]) -> Result<Parts> {
                 "id": i, "content": t, "single_word": false, "lstrip": false, "rstrip": false,
                 "normalized": ty == USER_DEFINED, "special": ty == CONTROL,
             }));
-        } else {
-            vocab.insert(t.to_string(), json!(i));
         }
+        // Added tokens stay in the model's vocabulary too (no merge makes them): an added token
+        // the vocabulary lacks gets an id after the vocabulary's last, not its own, so
+        // DeepSeek's specials at ids 0 and 1 would move.
+        vocab.insert(t.to_string(), json!(i));
     }
     // llama.cpp takes merges whose parts or result are not tokens (a placeholder vocabulary's
     // one merge, say) and never applies them; the BPE here refuses them, so they are left out.
@@ -175,10 +194,13 @@ fn byte_level(g: &Gguf, tokens: &[&str], types: &[i64]) -> Result<Parts> {
     Ok(Parts {
         added,
         normalizer: if nfc { json!({"type": "NFC"}) } else { Value::Null },
-        pre_tokenizer: json!({"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false},
-            byte_level,
-        ]}),
+        pre_tokenizer: {
+            let mut steps: Vec<Value> = (patterns.iter())
+                .map(|p| json!({"type": "Split", "pattern": {"Regex": p}, "behavior": "Isolated", "invert": false}))
+                .collect();
+            steps.push(byte_level);
+            json!({"type": "Sequence", "pretokenizers": steps})
+        },
         decoder: json!({"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true}),
         model: json!({"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
                       "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
