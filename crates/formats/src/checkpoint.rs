@@ -291,11 +291,16 @@ impl Checkpoint {
     }
 
     /// ` (in the file: NAME)` where the files name tensor `name` otherwise (GGUF), else "".
-    pub fn in_the_file(&self, name: &str) -> String {
+    fn in_the_file(&self, name: &str) -> String {
         match self.file_name.as_ref().and_then(|f| f(name)) {
             Some(file_name) => format!(" (in the file: {file_name})"),
             None => String::new(),
         }
+    }
+
+    /// `name` for an error about the tensor: with its name in the file where that differs.
+    pub fn label(&self, name: &str) -> String {
+        format!("{name}{}", self.in_the_file(name))
     }
 
     pub fn n_shards(&self) -> usize {
@@ -336,7 +341,7 @@ impl Checkpoint {
         let shard = &self.shards[entry.shard];
         let bad = |reason: String| FormatError::BadTensor {
             path: shard.path.clone(),
-            tensor: name.to_string(),
+            tensor: self.label(name),
             reason,
         };
         if buf.len() as u64 != entry.info.len {
@@ -369,7 +374,7 @@ impl Checkpoint {
         if entry.info.shape != shape {
             return Err(FormatError::BadTensor {
                 path: path.clone(),
-                tensor: name.to_string(),
+                tensor: self.label(name),
                 reason: format!(
                     "shape {:?} does not match {shape:?} expected from config.json",
                     entry.info.shape
@@ -380,7 +385,7 @@ impl Checkpoint {
             let names: Vec<_> = dtypes.iter().map(|d| d.name()).collect();
             return Err(FormatError::BadTensor {
                 path: path.clone(),
-                tensor: name.to_string(),
+                tensor: self.label(name),
                 reason: format!(
                     "dtype {} is not supported here (expected one of {names:?})",
                     entry.info.dtype

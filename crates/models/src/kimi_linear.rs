@@ -453,7 +453,7 @@ fn decay_rates(ckpt: &Checkpoint, attn: &str, c: &Config) -> Result<Vec<f32>> {
         }
         let values = ckpt.read_f32(&negated, &shape)?;
         if let Some(v) = values.iter().find(|v| v.is_nan() || **v >= 0.0) {
-            let reason = format!("holds {v}: -exp(A_log) is negative");
+            let reason = format!("holds {v}, but -exp(A_log) is always negative");
             return Err(bad_tensor(ckpt, &negated, reason));
         }
         return Ok((0..nh * dk).map(|i| -values[i / dk]).collect());
@@ -495,7 +495,7 @@ fn decay_rates(ckpt: &Checkpoint, attn: &str, c: &Config) -> Result<Vec<f32>> {
 fn bad_tensor(ckpt: &Checkpoint, name: &str, reason: String) -> crate::ModelError {
     strata_formats::FormatError::BadTensor {
         path: ckpt.dir().to_path_buf(),
-        tensor: format!("{name}{}", ckpt.in_the_file(name)),
+        tensor: ckpt.label(name),
         reason,
     }
     .into()
