@@ -25,6 +25,9 @@ pub mod int4;
 pub mod int8;
 pub mod intdot;
 pub mod isa;
+pub mod kquant;
+#[cfg(target_arch = "x86_64")]
+mod kquant_avx512;
 mod linear;
 pub mod membw;
 pub mod mxfp4;

@@ -4,7 +4,7 @@
 
 use rayon::prelude::*;
 
-use crate::{dot, fp8, ggml, int4, int8, intdot, mxfp4, q8_0};
+use crate::{dot, fp8, ggml, int4, int8, intdot, kquant, mxfp4, q8_0};
 
 use crate::weight_data::packed_row;
 pub use crate::weight_data::{u16_vec_from_bytes, WeightData};
@@ -15,6 +15,8 @@ pub enum Prepared {
     Fp8(fp8::Fp8Act),
     Int4(Option<intdot::IntAct>),
     Mxfp4(Option<intdot::IntAct>),
+    /// Q4_K, Q5_K, Q6_K where [`kquant::simd`] holds.
+    KQuant(kquant::KAct),
 }
 
 #[derive(Clone, Debug)]
@@ -223,6 +225,9 @@ impl Linear {
             WeightData::Int4 { group, .. } => Prepared::Int4(int4::prepare(x, *group)),
             WeightData::Mxfp4 { .. } => Prepared::Mxfp4(mxfp4::prepare(x)),
             WeightData::Fp8 { .. } => Prepared::Fp8(fp8::Fp8Act::new(x)),
+            WeightData::Ggml { ty, .. } if kquant::handles(*ty) && kquant::simd() => {
+                Prepared::KQuant(kquant::prepare(x))
+            }
             _ => Prepared::None,
         }
     }
@@ -251,6 +256,12 @@ impl Linear {
             (WeightData::Mxfp4 { packed, scales }, Prepared::Mxfp4(p)) => {
                 let (w, s) = packed_row(packed, scales, n.div_ceil(2), n.div_ceil(mxfp4::GROUP), r);
                 mxfp4::dot_mxfp4_prepared(w, s, x, p.as_ref())
+            }
+            (WeightData::Ggml { ty, blocks }, Prepared::KQuant(a)) => {
+                let rb = ty.row_bytes(n);
+                let mut y = [0f32];
+                kquant::rows_tokens(*ty, &blocks[r * rb..(r + 1) * rb], rb, &[a], &mut y);
+                y[0]
             }
             _ => self.row_dot(r, x),
         }
@@ -284,6 +295,10 @@ impl Linear {
             (WeightData::Q8_0 { blocks }, _) => {
                 let rb = q8_0::row_bytes(self.in_dim);
                 return q8_0::rows_tokens(&blocks[rows.start * rb..rows.end * rb], rb, &[x], out);
+            }
+            (WeightData::Ggml { ty, blocks }, Prepared::KQuant(a)) => {
+                let rb = ty.row_bytes(self.in_dim);
+                return kquant::rows_tokens(*ty, &blocks[rows.start * rb..rows.end * rb], rb, &[a], out);
             }
             (WeightData::F32(w), _) => return dot::rows_f32_tokens(&w[span], self.in_dim, &[x], out),
             (WeightData::Bf16(w), _) => return dot::rows_bf16_tokens(&w[span], self.in_dim, &[x], out),
@@ -357,7 +372,18 @@ impl Linear {
             }
             WeightData::Ggml { ty, blocks } => {
                 let rb = ty.row_bytes(n);
-                return ggml::rows_tokens(*ty, &blocks[rows.start * rb..rows.end * rb], rb, &x_of, out);
+                let rows_of = &blocks[rows.start * rb..rows.end * rb];
+                let acts: Option<Vec<&kquant::KAct>> = prepared
+                    .iter()
+                    .map(|p| match p {
+                        Prepared::KQuant(a) => Some(a),
+                        _ => None,
+                    })
+                    .collect();
+                if let Some(acts) = acts {
+                    return kquant::rows_tokens(*ty, rows_of, rb, &acts, out);
+                }
+                return ggml::rows_tokens(*ty, rows_of, rb, &x_of, out);
             }
             _ => {}
         }
