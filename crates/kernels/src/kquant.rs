@@ -49,7 +49,11 @@ impl KAct {
     pub fn units(&self, j: usize) -> i32 {
         let c = &self.chunks[j / BLOCK];
         let i = j % BLOCK;
-        let q = if i.is_multiple_of(2) { c.qe[i / 2] } else { c.qo[i / 2] };
+        let q = if i.is_multiple_of(2) {
+            c.qe[i / 2]
+        } else {
+            c.qo[i / 2]
+        };
         256 * q as i32 + c.r[i] as i32
     }
 }
@@ -59,9 +63,23 @@ pub fn handles(ty: BlockType) -> bool {
     matches!(ty, BlockType::Q4K | BlockType::Q5K | BlockType::Q6K)
 }
 
-/// Whether this CPU runs these kernels (AVX-512 F/BW/VL with VNNI, among the kernels in use);
-/// elsewhere the K-quants take the f32 kernels of [`crate::ggml`].
+/// Whether this CPU runs these kernels (x86-64 with AVX2, FMA and F16C among the kernels in
+/// use); elsewhere the K-quants take the f32 kernels of [`crate::ggml`], as they do everywhere
+/// with `STRATA_KQUANT_INT=0` (to compare the two on one machine).
 pub fn simd() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        if std::env::var("STRATA_KQUANT_INT").as_deref() != Ok("0") {
+            return crate::dot::has_avx2_fma_f16c();
+        }
+        false
+    })
+}
+
+/// Whether [`rows_tokens`] takes its AVX-512 kernel (F/BW/VL with VNNI; the same bits as the
+/// AVX2 one).
+pub fn avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
     return crate::isa::has_avx512_vnni() && std::is_x86_feature_detected!("avx512bw");
     #[allow(unreachable_code)]
@@ -197,9 +215,14 @@ pub fn rows_tokens(ty: BlockType, rows: &[u8], row_bytes: usize, acts: &[&KAct],
     assert!(row_bytes >= blocks * ty.block_bytes());
     assert!(n_rows == 0 || rows.len() >= (n_rows - 1) * row_bytes + blocks * ty.block_bytes());
     #[cfg(target_arch = "x86_64")]
-    if simd() {
-        // SAFETY: `simd()` found AVX-512 F/BW/VL/VNNI; the shapes are checked above.
+    if avx512() {
+        // SAFETY: `avx512()` found AVX-512 F/BW/VL/VNNI; the shapes are checked above.
         return unsafe { crate::kquant_avx512::rows_tokens(ty, rows, row_bytes, acts, out) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if simd() {
+        // SAFETY: `simd()` found AVX2, FMA and F16C; the shapes are checked above.
+        return unsafe { crate::kquant_avx2::rows_tokens(ty, rows, row_bytes, acts, out) };
     }
     for (i, o) in out.chunks_exact_mut(tokens).enumerate() {
         for (t, a) in acts.iter().enumerate() {
@@ -293,7 +316,7 @@ mod tests {
     #[test]
     fn the_kernel_gives_its_twin_s_sums_and_each_token_alone_the_same_bits() {
         if !simd() {
-            eprintln!("no AVX-512 VNNI/BW here: the K-quants take the f32 kernels");
+            eprintln!("no AVX2 here: the K-quants take the f32 kernels");
             return;
         }
         for ty in [BlockType::Q4K, BlockType::Q5K, BlockType::Q6K] {
@@ -337,6 +360,40 @@ mod tests {
                             one[i]
                         );
                     }
+                }
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_avx2_kernel_gives_the_avx512_kernel_s_bits() {
+        if !avx512() {
+            eprintln!("no AVX-512 VNNI/BW here: nothing to compare the AVX2 kernel with");
+            return;
+        }
+        for ty in [BlockType::Q4K, BlockType::Q5K, BlockType::Q6K] {
+            for (case, (n, rows, tokens)) in [(256, 3, 1), (768, 4, 5), (2048, 3, 2)].into_iter().enumerate()
+            {
+                let rb = ty.row_bytes(n);
+                let w = ty.random_blocks(rows * n / 256, rand(61 + case as u64));
+                let xs: Vec<Vec<f32>> = (0..tokens).map(|t| activation(n, 70 + t as u64)).collect();
+                let acts: Vec<KAct> = xs.iter().map(|x| prepare(x)).collect();
+                let refs: Vec<&KAct> = acts.iter().collect();
+                let (mut wide, mut narrow) = (vec![0f32; rows * tokens], vec![0f32; rows * tokens]);
+                // SAFETY: `avx512()` found AVX-512 F/BW/VL/VNNI (and so AVX2, FMA, F16C); the
+                // shapes are whole rows and tokens.
+                unsafe {
+                    crate::kquant_avx512::rows_tokens(ty, &w, rb, &refs, &mut wide);
+                    crate::kquant_avx2::rows_tokens(ty, &w, rb, &refs, &mut narrow);
+                }
+                for (i, (a, b)) in wide.iter().zip(&narrow).enumerate() {
+                    assert_eq!(
+                        a.to_bits(),
+                        b.to_bits(),
+                        "{} n {n} output {i}: {a} vs {b}",
+                        ty.name()
+                    );
                 }
             }
         }

@@ -27,6 +27,8 @@ pub mod intdot;
 pub mod isa;
 pub mod kquant;
 #[cfg(target_arch = "x86_64")]
+mod kquant_avx2;
+#[cfg(target_arch = "x86_64")]
 mod kquant_avx512;
 mod linear;
 pub mod membw;
