@@ -86,6 +86,73 @@ pub fn avx512() -> bool {
     false
 }
 
+/// Q4_K's and Q5_K's eight 6-bit scales and eight mins from their 12 bytes at `sc`, as eight
+/// bytes each (sub-block s in byte s): the same values as [`crate::ggml_decode::scale_min_k4`],
+/// four at a time. Sub-blocks 0-3: the low six bits of bytes 0-3 (scales) and 4-7 (mins);
+/// sub-blocks 4-7: the nibbles of bytes 8-11 below the top two bits of bytes 0-3 (scales) and
+/// 4-7 (mins).
+///
+/// # Safety
+/// `sc` must be valid for 12 bytes.
+#[inline(always)]
+pub(crate) unsafe fn k4_scale_bytes(sc: *const u8) -> (u64, u64) {
+    let w0 = (sc as *const u32).read_unaligned();
+    let w1 = (sc.add(4) as *const u32).read_unaligned();
+    let w2 = (sc.add(8) as *const u32).read_unaligned();
+    let (six, four, two) = (0x3F3F_3F3Fu32, 0x0F0F_0F0Fu32, 0x0303_0303u32);
+    let scales = (w0 & six) as u64 | ((((w2 & four) | (((w0 >> 6) & two) << 4)) as u64) << 32);
+    let mins = (w1 & six) as u64 | (((((w2 >> 4) & four) | (((w1 >> 6) & two) << 4)) as u64) << 32);
+    (scales, mins)
+}
+
+/// The rows-by-tokens loop of a SIMD kernel file, over its `row_n::<KIND, N>` (up to four
+/// tokens per pass), with the target features given: `rows_tokens` and `rows_of`.
+macro_rules! rows_loop {
+    ($features:literal) => {
+        /// # Safety
+        /// The CPU must have the features this file's kernels are built for; the shapes are as
+        /// [`crate::kquant::rows_tokens`] checks them.
+        pub unsafe fn rows_tokens(
+            ty: BlockType,
+            rows: &[u8],
+            row_bytes: usize,
+            acts: &[&KAct],
+            out: &mut [f32],
+        ) {
+            match ty {
+                BlockType::Q4K => rows_of::<0>(rows, row_bytes, acts, out),
+                BlockType::Q5K => rows_of::<1>(rows, row_bytes, acts, out),
+                BlockType::Q6K => rows_of::<2>(rows, row_bytes, acts, out),
+                _ => unreachable!("not a K-quant with a kernel here"),
+            }
+        }
+
+        #[target_feature(enable = $features)]
+        unsafe fn rows_of<const KIND: u8>(rows: &[u8], row_bytes: usize, acts: &[&KAct], out: &mut [f32]) {
+            let tokens = acts.len();
+            let blocks = acts[0].steps.len() / 8;
+            for (i, o) in out.chunks_exact_mut(tokens).enumerate() {
+                let row = rows.as_ptr().add(i * row_bytes);
+                let mut t = 0;
+                while t < tokens {
+                    let g = &acts[t..(t + 4).min(tokens)];
+                    let dst = &mut o[t..t + g.len()];
+                    match g.len() {
+                        1 => dst.copy_from_slice(&row_n::<KIND, 1>(row, blocks, [g[0]])),
+                        2 => dst.copy_from_slice(&row_n::<KIND, 2>(row, blocks, [g[0], g[1]])),
+                        3 => dst.copy_from_slice(&row_n::<KIND, 3>(row, blocks, [g[0], g[1], g[2]])),
+                        _ => dst.copy_from_slice(&row_n::<KIND, 4>(row, blocks, [g[0], g[1], g[2], g[3]])),
+                    }
+                    t += g.len();
+                }
+            }
+        }
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) use rows_loop;
+
 /// Prepares `x` (a multiple of 256 inputs) for the kernels of this module.
 pub fn prepare(x: &[f32]) -> KAct {
     assert!(

@@ -12,42 +12,7 @@ use std::arch::x86_64::*;
 use crate::ggml::BlockType;
 use crate::kquant::{Chunk, KAct};
 
-/// # Safety
-/// The CPU must have AVX2, FMA and F16C; the shapes are as [`crate::kquant::rows_tokens`]
-/// checks them.
-pub unsafe fn rows_tokens(ty: BlockType, rows: &[u8], row_bytes: usize, acts: &[&KAct], out: &mut [f32]) {
-    match ty {
-        BlockType::Q4K => rows_of::<0>(rows, row_bytes, acts, out),
-        BlockType::Q5K => rows_of::<1>(rows, row_bytes, acts, out),
-        BlockType::Q6K => rows_of::<2>(rows, row_bytes, acts, out),
-        _ => unreachable!("not a K-quant with a kernel here"),
-    }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn rows_of<const KIND: u8>(rows: &[u8], row_bytes: usize, acts: &[&KAct], out: &mut [f32]) {
-    let tokens = acts.len();
-    let blocks = acts[0].steps.len() / 8;
-    for (i, o) in out.chunks_exact_mut(tokens).enumerate() {
-        let row = rows.as_ptr().add(i * row_bytes);
-        let mut t = 0;
-        while t < tokens {
-            let group = &acts[t..(t + 4).min(tokens)];
-            let dst = &mut o[t..t + group.len()];
-            match group.len() {
-                1 => dst.copy_from_slice(&row_n::<KIND, 1>(row, blocks, [group[0]])),
-                2 => dst.copy_from_slice(&row_n::<KIND, 2>(row, blocks, [group[0], group[1]])),
-                3 => dst.copy_from_slice(&row_n::<KIND, 3>(row, blocks, [group[0], group[1], group[2]])),
-                _ => dst.copy_from_slice(&row_n::<KIND, 4>(
-                    row,
-                    blocks,
-                    [group[0], group[1], group[2], group[3]],
-                )),
-            }
-            t += group.len();
-        }
-    }
-}
+crate::kquant::rows_loop!("avx2,fma,f16c");
 
 #[inline(always)]
 unsafe fn f16_at(b: *const u8) -> f32 {
@@ -65,12 +30,7 @@ unsafe fn u8x8(v: u64) -> __m256 {
 /// the AVX-512 kernel does.
 #[inline(always)]
 unsafe fn k4_scales(sc: *const u8) -> (__m256, __m256) {
-    let w0 = (sc as *const u32).read_unaligned();
-    let w1 = (sc.add(4) as *const u32).read_unaligned();
-    let w2 = (sc.add(8) as *const u32).read_unaligned();
-    let (six, four, two) = (0x3F3F_3F3Fu32, 0x0F0F_0F0Fu32, 0x0303_0303u32);
-    let scales = (w0 & six) as u64 | ((((w2 & four) | (((w0 >> 6) & two) << 4)) as u64) << 32);
-    let mins = (w1 & six) as u64 | (((((w2 >> 4) & four) | (((w1 >> 6) & two) << 4)) as u64) << 32);
+    let (scales, mins) = crate::kquant::k4_scale_bytes(sc);
     (u8x8(scales), u8x8(mins))
 }
 
