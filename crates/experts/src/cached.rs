@@ -756,6 +756,10 @@ impl ExpertStore for CachedStore {
         }
     }
 
+    fn wants_guesses(&self) -> bool {
+        !matches!(self.shared.prefetch, Prefetch::Off) || self.routing_log().is_some()
+    }
+
     fn prefetch(&self, layer: usize, ids: &[usize]) {
         if let Some(log) = self.routing_log() {
             log.guessed(layer, ids);

@@ -51,8 +51,11 @@ impl Decoder {
             None => None,
         };
         let next_block = self.next_moe(l);
-        let next = next_moe_input(&next_block, self.eps).map(|(_, n)| n);
-        // The next MoE layer's guess from this residual, in the same submission.
+        let next = next_moe_input(&next_block, self.eps)
+            .map(|(_, n)| n)
+            .filter(|_| moe.store.wants_guesses());
+        // The next MoE layer's guess from this residual, in the same submission (when the store
+        // has a use for it).
         let guess = match &next {
             Some(nx) => {
                 let hn = pass.tensor(n_tokens * d)?;

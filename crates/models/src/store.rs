@@ -48,4 +48,10 @@ pub trait ExpertStore: Send + Sync {
     /// A guess that `ids` of `layer` will be asked for soon (read them if there is room); the
     /// store scores the guess when the layer's real `get` arrives.
     fn prefetch(&self, _layer: usize, _ids: &[usize]) {}
+
+    /// Whether [`ExpertStore::prefetch`] would use a guess (read it, score it or record it):
+    /// where it would not, callers skip the next layer's router product that makes one.
+    fn wants_guesses(&self) -> bool {
+        false
+    }
 }

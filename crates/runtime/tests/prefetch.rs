@@ -1,6 +1,6 @@
 //! `--prefetch auto`: a prompt's guesses of the next MoE layer's experts (which name most of its
 //! experts) are read early, a lone token's are not; `off` (the default) reads none, `on` both;
-//! reading them changes no result. Shapes come from the fixture's config.json.
+//! reading them changes no result; `off` makes no guess at all (no router product for it). Shapes come from the fixture's config.json.
 
 use std::sync::atomic::Ordering;
 
@@ -58,6 +58,19 @@ fn auto_reads_a_prompts_guesses_ahead_and_not_a_lone_tokens() {
     assert_eq!(guessed(&off), 0, "--prefetch off reads no guess");
 
     let on = load(Prefetch::On);
-    on.logits(&[7]).unwrap();
+    let (off_bytes, on_bytes) = (bytes_of(|| off.logits(&[7])), bytes_of(|| on.logits(&[7])));
     assert!(guessed(&on) > 0, "--prefetch on reads a lone token's guesses too");
+    // Off, no guess is made: the next layers' router products are skipped (this binary's one
+    // test, so no other product runs meanwhile).
+    assert!(
+        off_bytes < on_bytes,
+        "a lone token's products read {off_bytes} weight bytes with --prefetch off, {on_bytes} with on"
+    );
+}
+
+/// Weight bytes the products of `f` read.
+fn bytes_of<T>(f: impl FnOnce() -> T) -> u64 {
+    let before = strata_kernels::weight_bytes_touched();
+    f();
+    strata_kernels::weight_bytes_touched() - before
 }

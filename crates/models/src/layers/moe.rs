@@ -172,7 +172,11 @@ impl MoeLayer {
 
     /// Guesses `next`'s experts from `residual` (T, D, un-normed) and asks the store to read them
     /// early (the store is shared by every MoE layer of the model).
+    /// Nothing when the store has no use for a guess (`--prefetch off` without a trace).
     pub fn prefetch_from(&self, residual: &[f32], n_tokens: usize, next: &NextMoe<'_>) {
+        if !self.store.wants_guesses() {
+            return;
+        }
         let guess_input = super::math::rms_normed(residual, next.norm, next.eps);
         let guess = Self::union_of_routes(next.router, &guess_input, n_tokens);
         self.store.prefetch(next.layer, &guess);
