@@ -86,6 +86,21 @@ pub fn avx512() -> bool {
     false
 }
 
+/// Bytes per super-block of Q4_K, Q5_K and Q6_K (a SIMD kernel's `KIND` 0, 1, 2).
+pub(crate) const SUPER_BYTES: [usize; 3] = [144, 176, 210];
+
+/// Per token of a SIMD kernel's pass: its chunks, its steps, and the sums its kind subtracts
+/// offsets from (per 16 inputs for Q6_K, `KIND` 2; per 32 for the others).
+#[inline(always)]
+pub(crate) fn token_ptrs<const KIND: u8, const N: usize>(
+    acts: [&KAct; N],
+) -> ([*const Chunk; N], [*const f32; N], [*const f32; N]) {
+    let chunks = acts.map(|a| a.chunks.as_ptr());
+    let steps = acts.map(|a| a.steps.as_ptr());
+    let sums = acts.map(|a| if KIND == 2 { a.sums16.as_ptr() } else { a.sums32.as_ptr() });
+    (chunks, steps, sums)
+}
+
 /// Q4_K's and Q5_K's eight 6-bit scales and eight mins from their 12 bytes at `sc`, as eight
 /// bytes each (sub-block s in byte s): the same values as [`crate::ggml_decode::scale_min_k4`],
 /// four at a time. Sub-blocks 0-3: the low six bits of bytes 0-3 (scales) and 4-7 (mins);

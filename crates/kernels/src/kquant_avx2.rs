@@ -10,7 +10,7 @@
 use std::arch::x86_64::*;
 
 use crate::ggml::BlockType;
-use crate::kquant::{Chunk, KAct};
+use crate::kquant::{token_ptrs, Chunk, KAct, SUPER_BYTES};
 
 crate::kquant::rows_loop!("avx2,fma,f16c");
 
@@ -69,19 +69,8 @@ unsafe fn half_into<const N: usize>(
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn row_n<const KIND: u8, const N: usize>(row: *const u8, blocks: usize, acts: [&KAct; N]) -> [f32; N] {
-    let bytes = [144, 176, 210][KIND as usize];
-    let mut chunks = [std::ptr::null::<Chunk>(); N];
-    let mut steps = [std::ptr::null::<f32>(); N];
-    let mut sums = [std::ptr::null::<f32>(); N];
-    for t in 0..N {
-        chunks[t] = acts[t].chunks.as_ptr();
-        steps[t] = acts[t].steps.as_ptr();
-        sums[t] = if KIND == 2 {
-            acts[t].sums16.as_ptr()
-        } else {
-            acts[t].sums32.as_ptr()
-        };
-    }
+    let bytes = SUPER_BYTES[KIND as usize];
+    let (chunks, steps, sums) = token_ptrs::<KIND, N>(acts);
     // Per token: sums of the chunks' low halves and high halves; offsets of sub-blocks 0-7
     // and (Q6_K) 8-15.
     let mut tot = [[_mm256_setzero_ps(); 2]; N];

@@ -12,7 +12,7 @@
 use std::arch::x86_64::*;
 
 use crate::ggml::BlockType;
-use crate::kquant::{Chunk, KAct};
+use crate::kquant::{token_ptrs, Chunk, KAct, SUPER_BYTES};
 
 crate::kquant::rows_loop!("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni");
 
@@ -81,19 +81,8 @@ unsafe fn chunk_into<const N: usize>(
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn row_n<const KIND: u8, const N: usize>(row: *const u8, blocks: usize, acts: [&KAct; N]) -> [f32; N] {
-    let bytes = [144, 176, 210][KIND as usize];
-    let mut chunks = [std::ptr::null::<Chunk>(); N];
-    let mut steps = [std::ptr::null::<f32>(); N];
-    let mut sums = [std::ptr::null::<f32>(); N];
-    for t in 0..N {
-        chunks[t] = acts[t].chunks.as_ptr();
-        steps[t] = acts[t].steps.as_ptr();
-        sums[t] = if KIND == 2 {
-            acts[t].sums16.as_ptr()
-        } else {
-            acts[t].sums32.as_ptr()
-        };
-    }
+    let bytes = SUPER_BYTES[KIND as usize];
+    let (chunks, steps, sums) = token_ptrs::<KIND, N>(acts);
     let mut tot = [_mm512_setzero_ps(); N];
     let mut off = [_mm512_setzero_ps(); N];
     let mut f = [_mm512_setzero_ps(); N];
