@@ -4,8 +4,11 @@
 //! groups of weights before it uses the first, so their reads overlap.
 //!
 //! Each output's sum is the same whatever the tile: invocation l adds the products of groups
-//! l, l + 64, l + 128, ... in order, eight fused multiply-adds per group in input order, then
-//! the 64 sums go through a fixed tree (`matmul.wgsl`).
+//! l, l + 64, l + 128, ... in order, then the 64 sums go through a fixed tree (`matmul.wgsl`).
+//! A float format's group is eight fused multiply-adds into the sum in input order; a packed
+//! format's group sums its eight values times the activations in input order, and that sum times
+//! the group's scale goes into the sum with one more (one multiplication by the scale a group,
+//! where each weight times its scale took eight).
 
 use std::fmt::Write;
 
@@ -41,14 +44,20 @@ pub(crate) fn matmul_source(format: WeightFormat, tile: Tile, grouped: bool) -> 
 ",
         );
     }
-    main(&mut s, tile.rows as usize, tile.tokens as usize, grouped);
+    main(
+        &mut s,
+        tile.rows as usize,
+        tile.tokens as usize,
+        grouped,
+        format.packed(),
+    );
     s
 }
 
 /// Groups of weights a one-token tile loads ahead.
 const AHEAD: usize = 4;
 
-fn main(s: &mut String, rb: usize, tb: usize, grouped: bool) {
+fn main(s: &mut String, rb: usize, tb: usize, grouped: bool, packed: bool) {
     // At most 64 weights loaded ahead per invocation (registers).
     let unroll = if tb == 1 { (8 / rb).clamp(1, AHEAD) } else { 1 };
     let mut o = String::new();
@@ -102,11 +111,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             64 * (unroll - 1),
             64 * unroll
         );
-        step(&mut o, rb, tb, unroll);
+        step(&mut o, rb, tb, unroll, packed);
         o.push_str("    }\n");
     }
     o.push_str("    for (; g < full; g = g + LANES) {\n");
-    step(&mut o, rb, tb, 1);
+    step(&mut o, rb, tb, 1, packed);
     o.push_str("    }\n");
     // The last, partial group: invocation `full % 64` (the next in turn) takes it.
     o.push_str("    if (full * 8u < prm.in_dim && l == full % LANES) {\n");
@@ -150,8 +159,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 }
 
 /// One step of the group loop: `unroll` groups (g, g + 64, ...), their weights loaded first,
-/// then each group's products in order.
-fn step(o: &mut String, rb: usize, tb: usize, unroll: usize) {
+/// then each group's products in order; `packed`: `load8` gives a `Group8` of values and their
+/// scale (`packed.wgsl`), else eight weights.
+fn step(o: &mut String, rb: usize, tb: usize, unroll: usize, packed: bool) {
     for u in 0..unroll {
         let _ = writeln!(o, "        let k_{u} = 8u * (g + {}u);", 64 * u);
         for i in 0..rb {
@@ -162,6 +172,20 @@ fn step(o: &mut String, rb: usize, tb: usize, unroll: usize) {
         for t in 0..tb {
             let _ = writeln!(o, "        let v_{t}_{u} = load_x8(x_{t} + k_{u});");
             for i in 0..rb {
+                if packed {
+                    let _ = writeln!(
+                        o,
+                        "        {{\n            var p = w_{i}_{u}.v[0] * v_{t}_{u}[0];"
+                    );
+                    for j in 1..8 {
+                        let _ = writeln!(o, "            p = fma(w_{i}_{u}.v[{j}], v_{t}_{u}[{j}], p);");
+                    }
+                    let _ = writeln!(
+                        o,
+                        "            a_{i}_{t} = fma(p, w_{i}_{u}.s, a_{i}_{t});\n        }}"
+                    );
+                    continue;
+                }
                 for j in 0..8 {
                     let _ = writeln!(
                         o,

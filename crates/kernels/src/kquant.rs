@@ -97,7 +97,13 @@ pub(crate) fn token_ptrs<const KIND: u8, const N: usize>(
 ) -> ([*const Chunk; N], [*const f32; N], [*const f32; N]) {
     let chunks = acts.map(|a| a.chunks.as_ptr());
     let steps = acts.map(|a| a.steps.as_ptr());
-    let sums = acts.map(|a| if KIND == 2 { a.sums16.as_ptr() } else { a.sums32.as_ptr() });
+    let sums = acts.map(|a| {
+        if KIND == 2 {
+            a.sums16.as_ptr()
+        } else {
+            a.sums32.as_ptr()
+        }
+    });
     (chunks, steps, sums)
 }
 

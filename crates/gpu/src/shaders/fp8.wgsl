@@ -13,23 +13,28 @@ fn e4m3(b: u32) -> f32 {
     return bitcast<f32>(sign | ((e + 120u) << 23u) | (m << 20u));
 }
 
-fn elem(r: u32, j: u32) -> f32 {
-    let rc = row_at(r);
-    return e4m3(wbyte(rc.x + j)) * scale_f32(rc, j);
+fn code(rc: vec2<u32>, j: u32) -> f32 {
+    return e4m3(wbyte(rc.x + j));
 }
 
-fn load8(rc: vec2<u32>, r: u32, k: u32) -> array<f32, 8> {
+fn gscale(rc: vec2<u32>, j: u32) -> f32 {
+    return scale_f32(rc, j);
+}
+
+fn one_scale() -> bool {
+    return (prm.s_cols & 7u) == 0u;
+}
+
+fn load8(rc: vec2<u32>, r: u32, k: u32) -> Group8 {
     let i = rc.x + k;
     // Fast: the eight in two aligned words and under one scale.
-    if ((i & 3u) != 0u || (prm.s_cols & 7u) != 0u) {
+    if ((i & 3u) != 0u || !one_scale()) {
         return load8_each(r, k);
     }
-    let s = scale_f32(rc, k);
     let a = wword(i);
     let b = wword(i + 4u);
-    return array<f32, 8>(
-        e4m3(a & 0xffu) * s, e4m3((a >> 8u) & 0xffu) * s,
-        e4m3((a >> 16u) & 0xffu) * s, e4m3(a >> 24u) * s,
-        e4m3(b & 0xffu) * s, e4m3((b >> 8u) & 0xffu) * s,
-        e4m3((b >> 16u) & 0xffu) * s, e4m3(b >> 24u) * s);
+    return Group8(array<f32, 8>(
+        e4m3(a & 0xffu), e4m3((a >> 8u) & 0xffu), e4m3((a >> 16u) & 0xffu), e4m3(a >> 24u),
+        e4m3(b & 0xffu), e4m3((b >> 8u) & 0xffu), e4m3((b >> 16u) & 0xffu), e4m3(b >> 24u)),
+        scale_f32(rc, k));
 }

@@ -11,17 +11,34 @@ fn nib(word: u32, n: u32) -> f32 {
     return bitcast<f32>(((word >> (4u * n)) & 0xfu) | 0x4b000000u) - 8388616.0;
 }
 
-fn elem(r: u32, j: u32) -> f32 {
-    let rc = row_at(r);
-    return nib(wword(rc.x + 4u * (j >> 3u)), j & 7u) * scale_bf16(rc, j);
+fn code(rc: vec2<u32>, j: u32) -> f32 {
+    return nib(wword(rc.x + 4u * (j >> 3u)), j & 7u);
 }
 
-fn load8(rc: vec2<u32>, r: u32, k: u32) -> array<f32, 8> {
-    if ((prm.s_cols & 7u) != 0u) {
+fn gscale(rc: vec2<u32>, j: u32) -> f32 {
+    return scale_bf16(rc, j);
+}
+
+fn one_scale() -> bool {
+    return (prm.s_cols & 7u) == 0u;
+}
+
+// Code minus 8 of the nibble under `mask` (its four bits at bit m, m <= 16), in two
+// instructions: the nibble as the top of 1.0's mantissa (1 + code 2^(m - 23)), times k = 2^(23 - m),
+// less k + 8. Every step is exact.
+fn nib_at(q: u32, mask: u32, k: f32) -> f32 {
+    return fma(bitcast<f32>((q & mask) | 0x3f800000u), k, -(k + 8.0));
+}
+
+fn load8(rc: vec2<u32>, r: u32, k: u32) -> Group8 {
+    if (!one_scale()) {
         return load8_each(r, k);
     }
     let q = wword(rc.x + 4u * (k >> 3u));
-    let s = scale_bf16(rc, k);
-    return array<f32, 8>(nib(q, 0u) * s, nib(q, 1u) * s, nib(q, 2u) * s, nib(q, 3u) * s,
-                         nib(q, 4u) * s, nib(q, 5u) * s, nib(q, 6u) * s, nib(q, 7u) * s);
+    let h = q >> 12u;
+    return Group8(array<f32, 8>(
+        nib_at(q, 0xfu, 8388608.0), nib_at(q, 0xf0u, 524288.0), nib_at(q, 0xf00u, 32768.0),
+        nib_at(q, 0xf000u, 2048.0), nib_at(q, 0xf0000u, 128.0),
+        nib_at(h, 0xf00u, 32768.0), nib_at(h, 0xf000u, 2048.0), nib_at(h, 0xf0000u, 128.0)),
+        scale_bf16(rc, k));
 }

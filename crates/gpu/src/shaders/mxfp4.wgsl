@@ -18,22 +18,27 @@ fn e8m0(b: u32) -> f32 {
     return bitcast<f32>(b << 23u);
 }
 
-fn elem(r: u32, j: u32) -> f32 {
-    let rc = row_at(r);
-    let b = wbyte(rc.x + (j >> 1u));
-    return e2m1((b >> (4u * (j & 1u))) & 0xfu) * e8m0(wbyte(prm.s_off + rc.y + scol(j)));
+fn code(rc: vec2<u32>, j: u32) -> f32 {
+    return e2m1((wbyte(rc.x + (j >> 1u)) >> (4u * (j & 1u))) & 0xfu);
 }
 
-fn load8(rc: vec2<u32>, r: u32, k: u32) -> array<f32, 8> {
+fn gscale(rc: vec2<u32>, j: u32) -> f32 {
+    return e8m0(wbyte(prm.s_off + rc.y + scol(j)));
+}
+
+// A scale per 32 inputs.
+fn one_scale() -> bool {
+    return true;
+}
+
+fn load8(rc: vec2<u32>, r: u32, k: u32) -> Group8 {
     let i = rc.x + (k >> 1u);
     if ((i & 3u) != 0u) {
         return load8_each(r, k);
     }
     let q = wword(i);
-    let s = e8m0(wbyte(prm.s_off + rc.y + scol(k)));
-    return array<f32, 8>(
-        e2m1(q & 0xfu) * s, e2m1((q >> 4u) & 0xfu) * s,
-        e2m1((q >> 8u) & 0xfu) * s, e2m1((q >> 12u) & 0xfu) * s,
-        e2m1((q >> 16u) & 0xfu) * s, e2m1((q >> 20u) & 0xfu) * s,
-        e2m1((q >> 24u) & 0xfu) * s, e2m1(q >> 28u) * s);
+    return Group8(array<f32, 8>(
+        e2m1(q & 0xfu), e2m1((q >> 4u) & 0xfu), e2m1((q >> 8u) & 0xfu), e2m1((q >> 12u) & 0xfu),
+        e2m1((q >> 16u) & 0xfu), e2m1((q >> 20u) & 0xfu), e2m1((q >> 24u) & 0xfu), e2m1(q >> 28u)),
+        e8m0(wbyte(prm.s_off + rc.y + scol(k))));
 }

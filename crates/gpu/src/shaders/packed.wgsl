@@ -1,7 +1,8 @@
 // Packed formats: each chunk holds its rows' weights (`row_bytes` per row, rows back to back
 // from its first byte) and then, from byte `s_off`, their scales: `s_per_row` per row of scales, one row
 // of scales per `s_rows` weight rows, one scale per `s_cols` inputs. A weight is its code's value
-// times its scale, rounded to f32 once, as the CPU's decoder computes it.
+// times its scale (`elem`, exactly the CPU decoder's value); the products take a group of eight
+// codes' values and their one scale apart (`load8`).
 
 // Byte i of the matrix is byte wb + i of `w` (wb: a multiple of 16).
 fn wword(i: u32) -> u32 {
@@ -54,8 +55,33 @@ fn sbyte(word: u32, n: u32) -> f32 {
     return f32(bitcast<i32>(word << (24u - 8u * n)) >> 24u);
 }
 
-// Eight weights by element, for rows and groups off the fast paths.
-fn load8_each(r: u32, k: u32) -> array<f32, 8> {
-    return array<f32, 8>(elem(r, k), elem(r, k + 1u), elem(r, k + 2u), elem(r, k + 3u),
-                         elem(r, k + 4u), elem(r, k + 5u), elem(r, k + 6u), elem(r, k + 7u));
+// A group of eight inputs' weights as a packed format loads them: eight values and the scale
+// they are all multiplied by. The product adds the eight values times the activations, then
+// that sum times the scale, so a group takes one multiplication by its scale, not eight.
+struct Group8 {
+    v: array<f32, 8>,
+    s: f32,
+}
+
+// Each format gives `code(rc, j)` (input j's value before its scale), `gscale(rc, j)` (its scale)
+// and `one_scale()` (whether every group of eight from a multiple of 8 lies under one scale).
+
+// Weight j of row r: its value times its scale.
+fn elem(r: u32, j: u32) -> f32 {
+    let rc = row_at(r);
+    return code(rc, j) * gscale(rc, j);
+}
+
+// Eight weights by element, for groups off the fast paths: the values the fast path gives, so
+// a row's bits do not depend on where it lies in memory.
+fn load8_each(r: u32, k: u32) -> Group8 {
+    let rc = row_at(r);
+    if (one_scale()) {
+        return Group8(array<f32, 8>(code(rc, k), code(rc, k + 1u), code(rc, k + 2u), code(rc, k + 3u),
+                                    code(rc, k + 4u), code(rc, k + 5u), code(rc, k + 6u), code(rc, k + 7u)),
+                      gscale(rc, k));
+    }
+    return Group8(array<f32, 8>(elem(r, k), elem(r, k + 1u), elem(r, k + 2u), elem(r, k + 3u),
+                                elem(r, k + 4u), elem(r, k + 5u), elem(r, k + 6u), elem(r, k + 7u)),
+                  1.0);
 }
