@@ -8,7 +8,10 @@
 //! A float format's group is eight fused multiply-adds into the sum in input order; a packed
 //! format's group sums its eight values times the activations in input order, and that sum times
 //! the group's scale goes into the sum with one more (one multiplication by the scale a group,
-//! where each weight times its scale took eight).
+//! where each weight times its scale took eight). INT4 rows of whole groups of 32 inputs under
+//! one scale each (every checkpoint's) take groups of 32 instead (`step32`): invocation l takes
+//! groups l, l + 64, ... of 32, the 32 codes times the inputs in input order, then that sum times
+//! the scale; their 16 bytes come in one load and their scale once.
 
 use std::fmt::Write;
 
@@ -50,6 +53,7 @@ pub(crate) fn matmul_source(format: WeightFormat, tile: Tile, grouped: bool) -> 
         tile.tokens as usize,
         grouped,
         format.packed(),
+        format == WeightFormat::Int4,
     );
     s
 }
@@ -57,7 +61,9 @@ pub(crate) fn matmul_source(format: WeightFormat, tile: Tile, grouped: bool) -> 
 /// Groups of weights a one-token tile loads ahead.
 const AHEAD: usize = 4;
 
-fn main(s: &mut String, rb: usize, tb: usize, grouped: bool, packed: bool) {
+/// `wide`: the format has `wide32`, `wvec` and `codes8` (INT4): rows of whole 32-input groups
+/// take 32 inputs a step (`step32`), others the 8-input steps.
+fn main(s: &mut String, rb: usize, tb: usize, grouped: bool, packed: bool, wide: bool) {
     // At most 64 weights loaded ahead per invocation (registers).
     let unroll = if tb == 1 { (8 / rb).clamp(1, AHEAD) } else { 1 };
     let mut o = String::new();
@@ -103,7 +109,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             let _ = writeln!(o, "    var a_{i}_{t} = 0.0;");
         }
     }
-    o.push_str("    let full = prm.in_dim / 8u;\n    var g = l;\n");
+    o.push_str("    var g = l;\n");
+    if wide {
+        o.push_str("    let wide = wide32();\n    if (wide) {\n        let full32 = prm.in_dim / 32u;\n");
+        o.push_str("        for (; g < full32; g = g + LANES) {\n");
+        step32(&mut o, rb, tb);
+        o.push_str("        }\n    }\n    if (!wide) {\n");
+    }
+    o.push_str("    let full = prm.in_dim / 8u;\n");
     if unroll > 1 {
         let _ = writeln!(
             o,
@@ -128,6 +141,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
     }
     o.push_str("    }\n");
+    if wide {
+        o.push_str("    }\n");
+    }
     for i in 0..rb {
         for t in 0..tb {
             let _ = writeln!(o, "    part[l][{}u] = a_{i}_{t};", i * tb + t);
@@ -193,6 +209,39 @@ fn step(o: &mut String, rb: usize, tb: usize, unroll: usize, packed: bool) {
                     );
                 }
             }
+        }
+    }
+}
+
+/// One step of the 32-input loop: each row's 16 bytes of codes and its scale loaded first, then
+/// per token its 32 activations, and per row the 32 codes times them in input order, that sum
+/// times the scale added to the row's sum.
+fn step32(o: &mut String, rb: usize, tb: usize) {
+    o.push_str("            let k = 32u * g;\n");
+    for i in 0..rb {
+        let _ = writeln!(o, "            let q_{i} = wvec(c_{i}, k);");
+        let _ = writeln!(o, "            let s_{i} = scale_bf16(c_{i}, k);");
+    }
+    for t in 0..tb {
+        for h in 0..4 {
+            let _ = writeln!(o, "            let v_{t}_{h} = load_x8(x_{t} + k + {}u);", 8 * h);
+        }
+        for i in 0..rb {
+            o.push_str("            {\n");
+            for (h, lane) in ["x", "y", "z", "w"].iter().enumerate() {
+                let _ = writeln!(o, "                let d{h} = codes8(q_{i}.{lane});");
+                for j in 0..8 {
+                    if h == 0 && j == 0 {
+                        let _ = writeln!(o, "                var p = d0[0] * v_{t}_0[0];");
+                    } else {
+                        let _ = writeln!(o, "                p = fma(d{h}[{j}], v_{t}_{h}[{j}], p);");
+                    }
+                }
+            }
+            let _ = writeln!(
+                o,
+                "                a_{i}_{t} = fma(p, s_{i}, a_{i}_{t});\n            }}"
+            );
         }
     }
 }

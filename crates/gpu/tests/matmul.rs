@@ -203,3 +203,59 @@ fn a_group_of_products_gives_each_the_bits_it_gets_alone() {
         );
     }
 }
+
+/// INT4 rows of whole 32-input groups under groups of 32 or 128 (every checkpoint's) take the
+/// 32-input steps: within the CPU reference's reordering bound, and bit for bit the same through
+/// every tile, over split bindings and within a group of products.
+#[test]
+fn int4_rows_of_whole_groups_agree_through_every_path() {
+    let Some(mut g) = gpu() else { return };
+    let mut rng = Rng(0x1a74_32e3_0000_0005);
+    for case in 0..8 {
+        let rows = 1 + rng.below(40);
+        let in_dim = 32 * (1 + rng.below(24));
+        let tokens = 1 + rng.below(9);
+        let w = Weights::random_variant(5, rows, in_dim, Some(case % 2), &mut rng);
+        assert!(w.name().starts_with("INT4 g"), "{}", w.name());
+        let xs = rng.f32s(tokens * in_dim);
+        let m = w.upload(&g).unwrap();
+        let want = g.matmul(&m, &xs, tokens).unwrap();
+        for t in 0..tokens {
+            let x = &xs[t * in_dim..(t + 1) * in_dim];
+            for r in 0..rows {
+                let (got, cpu) = (want[t * rows + r], w.reference(r, x));
+                assert!(
+                    w.within_reorder_bound(got, cpu, r, x),
+                    "case {case}: {rows}x{in_dim}, token {t}, row {r}: GPU {got} CPU {cpu}"
+                );
+            }
+        }
+        for tile in Tile::ALL {
+            let got = g.matmul_tile(&m, &xs, tokens, tile).unwrap();
+            let same = want.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "case {case}: {rows}x{in_dim}, {tokens} tokens: tile {tile} differs"
+            );
+        }
+        let other = rng.f32s(in_dim);
+        let group = g.matmul_many(&[(&m, &xs, tokens), (&m, &other, 1)]).unwrap();
+        assert!(group[0]
+            .iter()
+            .zip(&want)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        let full = g.max_binding();
+        g.set_max_binding((in_dim / 2 * 3 + 64) as u64);
+        let split = w.upload(&g).unwrap();
+        g.set_max_binding(full);
+        if rows > 3 {
+            assert!(split.chunks() > 1, "{rows}x{in_dim}: {} chunk(s)", split.chunks());
+        }
+        let got = g.matmul(&split, &xs, tokens).unwrap();
+        let same = want.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(
+            same,
+            "case {case}: {rows}x{in_dim}: split and whole products differ"
+        );
+    }
+}

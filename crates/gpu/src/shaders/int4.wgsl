@@ -30,15 +30,29 @@ fn nib_at(q: u32, mask: u32, k: f32) -> f32 {
     return fma(bitcast<f32>((q & mask) | 0x3f800000u), k, -(k + 8.0));
 }
 
+// The eight codes of `q`, each minus 8.
+fn codes8(q: u32) -> array<f32, 8> {
+    let h = q >> 12u;
+    return array<f32, 8>(
+        nib_at(q, 0xfu, 8388608.0), nib_at(q, 0xf0u, 524288.0), nib_at(q, 0xf00u, 32768.0),
+        nib_at(q, 0xf000u, 2048.0), nib_at(q, 0xf0000u, 128.0),
+        nib_at(h, 0xf00u, 32768.0), nib_at(h, 0xf000u, 2048.0), nib_at(h, 0xf0000u, 128.0));
+}
+
 fn load8(rc: vec2<u32>, r: u32, k: u32) -> Group8 {
     if (!one_scale()) {
         return load8_each(r, k);
     }
-    let q = wword(rc.x + 4u * (k >> 3u));
-    let h = q >> 12u;
-    return Group8(array<f32, 8>(
-        nib_at(q, 0xfu, 8388608.0), nib_at(q, 0xf0u, 524288.0), nib_at(q, 0xf00u, 32768.0),
-        nib_at(q, 0xf000u, 2048.0), nib_at(q, 0xf0000u, 128.0),
-        nib_at(h, 0xf00u, 32768.0), nib_at(h, 0xf000u, 2048.0), nib_at(h, 0xf0000u, 128.0)),
-        scale_bf16(rc, k));
+    return Group8(codes8(wword(rc.x + 4u * (k >> 3u))), scale_bf16(rc, k));
+}
+
+// Rows of whole groups of 32 inputs under one scale each (every INT4 checkpoint's): the product
+// takes 32 inputs a step, their 16 bytes in one load and their scale once (`shader.rs`).
+fn wide32() -> bool {
+    return (prm.s_cols & 31u) == 0u && (prm.in_dim & 31u) == 0u;
+}
+
+// The 16 bytes of codes of inputs k..k + 32 of the row at `rc` (k a multiple of 32).
+fn wvec(rc: vec2<u32>, k: u32) -> vec4<u32> {
+    return w[(wb >> 4u) + ((rc.x + (k >> 1u)) >> 4u)];
 }

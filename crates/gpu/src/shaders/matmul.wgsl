@@ -6,7 +6,8 @@
 // invocations per block of RB rows and TB tokens; for each output, invocation l takes the groups
 // of 8 inputs g = l, l + 64, l + 128, ... in order and adds each group's 8 products in input
 // order to one sum (a packed format: the 8 values times the inputs in input order, that sum
-// times the group's scale); the 64 sums are then added in a fixed tree. A token's sum never depends on the
+// times the group's scale; INT4 rows of whole 32-input groups: groups of 32 inputs, `shader.rs`);
+// the 64 sums are then added in a fixed tree. A token's sum never depends on the
 // other tokens of its batch, and a row's on where it sits in memory (aligned groups are loaded as
 // vectors, others element by element: the same values in the same order).
 
