@@ -213,35 +213,38 @@ fn step(o: &mut String, rb: usize, tb: usize, unroll: usize, packed: bool) {
     }
 }
 
-/// One step of the 32-input loop: each row's 16 bytes of codes and its scale loaded first, then
-/// per token its 32 activations, and per row the 32 codes times them in input order, that sum
-/// times the scale added to the row's sum.
+/// One step of the 32-input loop: each row's 16 bytes of codes and its scale loaded first; then
+/// per 8 inputs each token's activations and each row's codes, every output's sum of the 32
+/// codes times the inputs in input order; then each sum times its row's scale into the output's
+/// sum. Activations come 8 at a time, so a tile of several tokens keeps few of them live.
 fn step32(o: &mut String, rb: usize, tb: usize) {
     o.push_str("            let k = 32u * g;\n");
     for i in 0..rb {
         let _ = writeln!(o, "            let q_{i} = wvec(c_{i}, k);");
         let _ = writeln!(o, "            let s_{i} = scale_bf16(c_{i}, k);");
+        for t in 0..tb {
+            let _ = writeln!(o, "            var p_{i}_{t} = 0.0;");
+        }
     }
-    for t in 0..tb {
-        for h in 0..4 {
+    for (h, lane) in ["x", "y", "z", "w"].iter().enumerate() {
+        for t in 0..tb {
             let _ = writeln!(o, "            let v_{t}_{h} = load_x8(x_{t} + k + {}u);", 8 * h);
         }
         for i in 0..rb {
-            o.push_str("            {\n");
-            for (h, lane) in ["x", "y", "z", "w"].iter().enumerate() {
-                let _ = writeln!(o, "                let d{h} = codes8(q_{i}.{lane});");
+            let _ = writeln!(o, "            let d_{i}_{h} = codes8(q_{i}.{lane});");
+            for t in 0..tb {
                 for j in 0..8 {
-                    if h == 0 && j == 0 {
-                        let _ = writeln!(o, "                var p = d0[0] * v_{t}_0[0];");
-                    } else {
-                        let _ = writeln!(o, "                p = fma(d{h}[{j}], v_{t}_{h}[{j}], p);");
-                    }
+                    let _ = writeln!(
+                        o,
+                        "            p_{i}_{t} = fma(d_{i}_{h}[{j}], v_{t}_{h}[{j}], p_{i}_{t});"
+                    );
                 }
             }
-            let _ = writeln!(
-                o,
-                "                a_{i}_{t} = fma(p, s_{i}, a_{i}_{t});\n            }}"
-            );
+        }
+    }
+    for i in 0..rb {
+        for t in 0..tb {
+            let _ = writeln!(o, "            a_{i}_{t} = fma(p_{i}_{t}, s_{i}, a_{i}_{t});");
         }
     }
 }
