@@ -226,25 +226,52 @@ fn step32(o: &mut String, rb: usize, tb: usize) {
             let _ = writeln!(o, "            var p_{i}_{t} = 0.0;");
         }
     }
-    for (h, lane) in ["x", "y", "z", "w"].iter().enumerate() {
-        for t in 0..tb {
-            let _ = writeln!(o, "            let v_{t}_{h} = load_x8(x_{t} + k + {}u);", 8 * h);
-        }
-        for i in 0..rb {
-            let _ = writeln!(o, "            let d_{i}_{h} = codes8(q_{i}.{lane});");
-            for t in 0..tb {
-                for j in 0..8 {
-                    let _ = writeln!(
-                        o,
-                        "            p_{i}_{t} = fma(d_{i}_{h}[{j}], v_{t}_{h}[{j}], p_{i}_{t});"
-                    );
-                }
-            }
+    if tb > 1 {
+        // Several tokens: the four eighths as a loop (the same sums in the same order), so the
+        // step's code stays small enough for the registers.
+        o.push_str("            for (var h = 0u; h < 4u; h = h + 1u) {\n");
+        eighth(o, rb, tb, ("                ", ""), "8u * h", |i| {
+            format!("q_{i}[h]")
+        });
+        o.push_str("            }\n");
+    } else {
+        for (h, lane) in ["x", "y", "z", "w"].iter().enumerate() {
+            let names = ("            ", &*format!("_{h}"));
+            eighth(o, rb, tb, names, &format!("{}u", 8 * h), |i| {
+                format!("q_{i}.{lane}")
+            });
         }
     }
     for i in 0..rb {
         for t in 0..tb {
             let _ = writeln!(o, "            a_{i}_{t} = fma(p_{i}_{t}, s_{i}, a_{i}_{t});");
+        }
+    }
+}
+
+/// Inputs `at`..`at` + 8 of a 32-input step: each token's activations, then each row's codes (the
+/// word `word(row)`) times them into the outputs' sums; `(indent, suffix)`: the lines' indent and
+/// the suffix of their names.
+fn eighth(
+    o: &mut String,
+    rb: usize,
+    tb: usize,
+    (ind, sfx): (&str, &str),
+    at: &str,
+    word: impl Fn(usize) -> String,
+) {
+    for t in 0..tb {
+        let _ = writeln!(o, "{ind}let v_{t}{sfx} = load_x8(x_{t} + k + {at});");
+    }
+    for i in 0..rb {
+        let _ = writeln!(o, "{ind}let d_{i}{sfx} = codes8({});", word(i));
+        for t in 0..tb {
+            for j in 0..8 {
+                let _ = writeln!(
+                    o,
+                    "{ind}p_{i}_{t} = fma(d_{i}{sfx}[{j}], v_{t}{sfx}[{j}], p_{i}_{t});"
+                );
+            }
         }
     }
 }
